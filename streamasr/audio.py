@@ -1,0 +1,55 @@
+"""Audio at the edge: decode any common file, down-mix, resample to the one internal rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio.functional as AF
+
+SAMPLE_RATE = 16_000  # Hz; every internal signal is 16 kHz mono float32
+SAMPLES_PER_MS = SAMPLE_RATE // 1000
+
+
+class AudioError(ValueError):
+    """An audio input the user can fix (missing, unreadable, empty)."""
+
+
+def ms_to_samples(ms: float) -> int:
+    return int(round(ms * SAMPLES_PER_MS))
+
+
+def samples_to_ms(samples: int) -> float:
+    return samples / SAMPLES_PER_MS
+
+
+def to_mono_16k(samples: np.ndarray, rate: int) -> np.ndarray:
+    """(T,) or (T, C) float array at `rate` -> (T',) float32 at SAMPLE_RATE."""
+    if samples.ndim == 2:
+        samples = samples.mean(axis=1)
+    samples = np.ascontiguousarray(samples, dtype=np.float32)
+    if rate != SAMPLE_RATE:
+        resampled = AF.resample(torch.from_numpy(samples), rate, SAMPLE_RATE)
+        samples = resampled.numpy()
+    return samples
+
+
+def load_audio(path: str | Path) -> np.ndarray:
+    """Read a wav/flac/ogg file of any rate and channel count as 16 kHz mono float32.
+
+    Raises AudioError with a one-line reason for a missing, unreadable or empty file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise AudioError(f"{path}: no such file")
+    if path.is_dir():
+        raise AudioError(f"{path}: is a directory, expected an audio file")
+    try:
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=False)
+    except (sf.LibsndfileError, RuntimeError) as err:
+        raise AudioError(f"{path}: not a readable audio file ({err})") from None
+    if samples.size == 0:
+        raise AudioError(f"{path}: the file holds no audio samples")
+    return to_mono_16k(samples, rate)

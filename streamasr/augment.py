@@ -1,0 +1,80 @@
+"""Feature-domain augmentation for voice generalization, cheap enough for 2 CPU cores.
+
+Applied to unnormalized log-mel frames (T, n_mels) of one utterance:
+- speed: resample the frame axis (a tempo change; phone durations stretch);
+- vocal-tract-length warp: resample the mel axis (formants move, as between speakers);
+- gain and additive noise in the power domain, at a random SNR;
+then, after normalization, SpecAugment time and frequency masks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    speed_range: tuple[float, float] = (0.85, 1.15)  # frame-axis stretch factors
+    warp_range: tuple[float, float] = (0.88, 1.12)  # mel-axis warp (VTLP-like)
+    gain_db: float = 8.0  # +- uniform gain
+    noise_prob: float = 0.6  # chance of additive noise
+    snr_db_range: tuple[float, float] = (3.0, 30.0)
+    freq_masks: int = 2  # SpecAugment
+    freq_mask_bins: int = 12
+    time_masks_per_second: float = 1.0
+    time_mask_frames: int = 10
+
+
+def _resample_axis(x: torch.Tensor, factor: float, dim: int) -> torch.Tensor:
+    """Linear resampling of one axis of a (T, F) tensor to round(size * factor) points."""
+    size = x.shape[dim]
+    new_size = max(1, round(size * factor))
+    moved = x.transpose(dim, -1)[None]  # (1, other, size)
+    out = F.interpolate(moved, size=new_size, mode="linear", align_corners=True)[0]
+    return out.transpose(dim, -1)
+
+
+def vtlp(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Warp the mel axis by alpha, keeping the number of bins: bin m reads bin m / alpha."""
+    n = x.shape[1]
+    source = (torch.arange(n, dtype=torch.float32) / alpha).clamp(0, n - 1)
+    lo = source.floor().long()
+    hi = (lo + 1).clamp(max=n - 1)
+    w = source - lo
+    return x[:, lo] * (1 - w) + x[:, hi] * w
+
+
+def augment_logmel(x: torch.Tensor, cfg: AugmentConfig, gen: torch.Generator) -> torch.Tensor:
+    def uniform(lo: float, hi: float) -> float:
+        return lo + (hi - lo) * torch.rand((), generator=gen).item()
+
+    x = _resample_axis(x, 1.0 / uniform(*cfg.speed_range), dim=0)
+    x = vtlp(x, uniform(*cfg.warp_range))
+    x = x + uniform(-cfg.gain_db, cfg.gain_db) * math.log(10) / 10
+    if torch.rand((), generator=gen).item() < cfg.noise_prob:
+        power = x.exp()
+        signal_db = 10 * math.log10(power.mean().item() + 1e-10)
+        noise_db = signal_db - uniform(*cfg.snr_db_range)
+        tilt = torch.linspace(-1, 1, x.shape[1]) * uniform(-6, 6)  # coloured noise, in dB
+        noise = 10 ** ((noise_db + tilt) / 10) * torch.rand(x.shape, generator=gen) * 2
+        x = torch.log(power + noise)
+    return x
+
+
+def spec_augment(x: torch.Tensor, cfg: AugmentConfig, gen: torch.Generator) -> torch.Tensor:
+    """Zero (the normalized mean) random bands and stretches of a (T, F) tensor."""
+    x = x.clone()
+    T, n = x.shape
+    for _ in range(cfg.freq_masks):
+        width = int(torch.randint(0, cfg.freq_mask_bins + 1, (), generator=gen))
+        start = int(torch.randint(0, max(1, n - width), (), generator=gen))
+        x[:, start : start + width] = 0
+    for _ in range(int(cfg.time_masks_per_second * T / 100)):
+        width = int(torch.randint(0, cfg.time_mask_frames + 1, (), generator=gen))
+        start = int(torch.randint(0, max(1, T - width), (), generator=gen))
+        x[start : start + width] = 0
+    return x

@@ -1,0 +1,336 @@
+"""The `streamasr` command. argparse stays here; every subcommand calls the library."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from .voices import VoiceError
+
+log = logging.getLogger("streamasr")
+
+
+class UsageError(ValueError):
+    """Anything the user can fix; printed as one line, exit status 2."""
+
+
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    data = sub.add_parser("data", help="build the synthetic speech corpus")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    build = data_sub.add_parser("build", help="speak Multi30k sentences with TTS voices")
+    build.add_argument("--multi30k", type=Path, required=True, help="folder of Multi30k files")
+    build.add_argument("--out", type=Path, required=True, help="corpus folder to write")
+    build.add_argument("--splits", default="train,val,test_2016_flickr", help="comma-separated")
+    build.add_argument("--voices", help="train voice pool, ENGINE:VOICE,... (default: all)")
+    build.add_argument("--limit", type=int, help="at most N sentences per split")
+    build.add_argument("--jobs", type=int, default=2, help="parallel synthesis processes")
+    build.add_argument("--seed", type=int, default=0, help="voice/prosody seed")
+    build.set_defaults(func=cmd_data_build)
+
+
+def cmd_data_build(args: argparse.Namespace) -> int:
+    from . import corpus
+    from .voices import default_train_pool, parse_train_voices
+
+    pool = parse_train_voices(args.voices) if args.voices else default_train_pool()
+    splits = [s for s in args.splits.split(",") if s]
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be a positive integer, got {args.limit}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = corpus.BuildSummary(per_voice=Counter())
+    for split in splits:
+        english, german = corpus.read_multi30k(args.multi30k, split)
+        jobs = corpus.plan_jobs(split, english, german, pool, args.seed, args.limit)
+        manifest = corpus.build_split(jobs, args.out, args.jobs, summary)
+        print(f"wrote {manifest}", file=sys.stderr)
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from .config import ModelConfig
+    from .train import TrainConfig
+
+    train = sub.add_parser("train", help="train a model on a built corpus (resumable)")
+    train.add_argument(
+        "--corpus", type=Path, required=True, help="corpus folder (train.jsonl, val.jsonl)"
+    )
+    train.add_argument(
+        "--work", type=Path, required=True, help="folder for caches, checkpoints and logs"
+    )
+    for name, default in (
+        ("steps", TrainConfig.steps),
+        ("batch-frames", TrainConfig.batch_frames),
+        ("val-every", TrainConfig.val_every),
+        ("seed", TrainConfig.seed),
+    ):
+        train.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
+    train.add_argument("--lr", type=float, default=TrainConfig.lr, help=f"default {TrainConfig.lr}")
+    for name in ("d_model", "encoder_layers", "decoder_layers", "d_ff", "en_vocab", "de_vocab"):
+        default = getattr(ModelConfig, name)
+        train.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=default, help=f"default {default}"
+        )
+    train.set_defaults(func=cmd_train)
+    export = sub.add_parser("export", help="write a model folder from a training work folder")
+    export.add_argument("--work", type=Path, required=True)
+    export.add_argument("--out", type=Path, required=True)
+    export.set_defaults(func=cmd_export)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .config import ModelConfig
+    from .train import TrainConfig, train
+
+    model_cfg = ModelConfig(
+        d_model=args.d_model,
+        encoder_layers=args.encoder_layers,
+        decoder_layers=args.decoder_layers,
+        d_ff=args.d_ff,
+        en_vocab=args.en_vocab,
+        de_vocab=args.de_vocab,
+    )
+    train_cfg = TrainConfig(
+        steps=args.steps,
+        batch_frames=args.batch_frames,
+        val_every=args.val_every,
+        seed=args.seed,
+        lr=args.lr,
+    )
+    for name in ("train.jsonl", "val.jsonl"):
+        if not (args.corpus / name).is_file():
+            raise UsageError(f"{args.corpus}: no {name} (build it with `streamasr data build`)")
+    train(args.corpus, args.work, model_cfg, train_cfg)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .train import export
+
+    if not (args.work / "checkpoint.pt").is_file():
+        raise UsageError(f"{args.work}: no checkpoint.pt to export")
+    print(export(args.work, args.out))
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _wait_k(text: str) -> int | None:
+    from .policy import parse_wait_k
+
+    try:
+        return parse_wait_k(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _add_session_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, help="model folder (default: the shipped models/base)")
+    p.add_argument("--translate", action="store_true", help="also translate into German")
+    p.add_argument(
+        "--wait-k", type=_wait_k, default=3, help="wait-k policy: K >= 1 or inf (default 3)"
+    )
+    p.add_argument(
+        "--chunk-ms", type=_positive_int, default=320, help="encoder chunk (default 320)"
+    )
+
+
+def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
+    from .outputs import FORMATS
+
+    tr = sub.add_parser("transcribe", help="transcribe (and translate) audio files as live streams")
+    tr.add_argument("audio", nargs="+", type=Path, help="wav/flac/ogg files, any rate and channels")
+    _add_session_options(tr)
+    tr.add_argument(
+        "--clock",
+        choices=("virtual", "wall"),
+        default="virtual",
+        help="virtual: as fast as possible, latencies simulated; wall: real-time pacing",
+    )
+    tr.add_argument(
+        "--format", choices=FORMATS, default="text", help="output format (default text)"
+    )
+    tr.add_argument(
+        "-o", "--output", type=Path, help="output file (a folder for srt/vtt of several files)"
+    )
+    tr.set_defaults(func=cmd_transcribe)
+
+    live = sub.add_parser("live", help="live captions from a microphone")
+    _add_session_options(live)
+    live.add_argument("--device", help="input device name or index (default: the system default)")
+    live.add_argument("--seconds", type=float, help="stop after this many seconds")
+    live.add_argument(
+        "--format",
+        choices=("text", "jsonl"),
+        default="text",
+        help="text: a live terminal view; jsonl: events on stdout",
+    )
+    live.add_argument("--list-devices", action="store_true", help="list input devices and exit")
+    live.set_defaults(func=cmd_live)
+
+
+def _session_factory(args: argparse.Namespace):
+    from .bundle import load_bundle
+    from .session import Session, SessionOptions
+
+    bundle = load_bundle(args.model)
+    options = SessionOptions(chunk_ms=args.chunk_ms, translate=args.translate, wait_k=args.wait_k)
+    try:
+        bundle.config.chunk_frames(args.chunk_ms)
+    except ValueError as err:
+        raise UsageError(f"--chunk-ms: {err}") from None
+    return lambda stream, clock: Session(bundle, options, stream=stream, clock=clock)
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .audio import AudioError
+    from .outputs import make_writer
+    from .runner import run_stream
+    from .sources import FileSource
+
+    subtitles = args.format in ("srt", "vtt")
+    if subtitles and len(args.audio) > 1 and args.output is not None and args.output.suffix:
+        raise UsageError(
+            f"--format {args.format} of several files writes one file each: -o must be a folder"
+        )
+    make_session = _session_factory(args)
+    failures = 0
+    single = (
+        open(args.output, "w", encoding="utf-8")
+        if args.output and not (subtitles and len(args.audio) > 1)
+        else None
+    )
+    try:
+        for path in args.audio:
+            try:
+                source = FileSource(path, pace=args.clock == "wall")
+            except AudioError as err:
+                print(f"streamasr: error: {err}", file=sys.stderr)
+                failures += 1
+                continue
+            out = single
+            if out is None and args.output is not None:
+                args.output.mkdir(parents=True, exist_ok=True)
+                out = open(args.output / f"{path.stem}.{args.format}", "w", encoding="utf-8")
+            writer = make_writer(
+                args.format, out or sys.stdout, args.translate, show_stream=len(args.audio) > 1
+            )
+            session = make_session(str(path), args.clock)
+            bar = tqdm(
+                total=round(source.duration_ms / 1000, 1),
+                unit="s",
+                desc=path.name,
+                leave=False,
+                disable=source.duration_ms < 60_000 or None,
+            )
+
+            def on_events(events, bar=bar, session=session, writer=writer):
+                writer.events(events)
+                bar.n = round(session.audio_ms / 1000, 1)
+                bar.refresh()
+
+            run_stream(session, source, on_events)
+            bar.close()
+            writer.end_stream(str(path), session.segments)
+            if out is not None and out is not single:
+                out.close()
+    finally:
+        if single is not None:
+            single.close()
+    return 1 if failures else 0
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from .live import LiveView
+    from .outputs import JsonlWriter
+    from .runner import run_stream
+    from .sources import DeviceError, MicSource, list_input_devices
+
+    try:
+        if args.list_devices:
+            print("\n".join(list_input_devices()) or "no input devices")
+            return 0
+        make_session = _session_factory(args)
+        source = MicSource(args.device)
+        session = make_session(source.name, "wall")
+        stop = lambda *_: source.stop()  # noqa: E731 - Ctrl-C and SIGTERM end the stream cleanly
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        if args.seconds is not None:
+            threading.Timer(args.seconds, source.stop).start()
+        if args.format == "jsonl":
+            run_stream(session, source, JsonlWriter(sys.stdout).events)
+        else:
+            with LiveView(source, args.translate) as view:
+                run_stream(session, source, view.events)
+    except (OSError, DeviceError) as err:
+        raise UsageError(f"audio input: {err}") from None
+    print(
+        f"dropped pieces: {source.dropped_pieces}, device overflows: {source.device_overflows}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamasr",
+        description="Streaming English speech recognition and English->German translation.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_data(sub)
+    _add_train(sub)
+    _add_stream_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    from .audio import AudioError
+    from .bundle import ModelFolderError
+    from .corpus import CorpusError
+    from .manifest import ManifestError
+
+    try:
+        return args.func(args)
+    except (
+        UsageError,
+        VoiceError,
+        AudioError,
+        CorpusError,
+        ModelFolderError,
+        ManifestError,
+    ) as err:
+        print(f"streamasr: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("streamasr: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

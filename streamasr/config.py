@@ -1,0 +1,76 @@
+"""Model configuration: a frozen dataclass saved as config.json beside the weights."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from .features import FeatureConfig
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_mels: int = 80  # input feature bins
+    feature_hop_ms: int = 10  # feature frame shift
+    subsampling_layers: int = 3  # stride-2 causal convs: 2**3 = 8x -> 80 ms encoder frames
+    d_model: int = 256  # width of encoder and decoder
+    n_heads: int = 4  # attention heads
+    d_ff: int = 1024  # feed-forward hidden width
+    encoder_layers: int = 6  # Conformer-style blocks
+    conv_kernel: int = 7  # causal depthwise kernel (encoder frames)
+    left_context_frames: int = 48  # lookback of chunked attention, encoder frames
+    chunk_frames_choices: tuple[int, ...] = (2, 4, 8, 16)  # dynamic chunk training sizes
+    decoder_layers: int = 3  # translation decoder blocks
+    unit_ms: int = 320  # wait-k source unit: this much encoded audio is one unit
+    tokens_per_unit: int = 1  # target tokens written per source unit read
+    wait_k_choices: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9, 0)  # sampled in training; 0 = inf
+    en_vocab: int = 500  # transcript sentencepiece size (id 0 = CTC blank)
+    de_vocab: int = 4000  # translation sentencepiece size
+    max_target_tokens: int = 160  # decoder positions
+    dropout: float = 0.1  # on attention/FFN outputs during training
+
+    @property
+    def subsampling(self) -> int:
+        return 2**self.subsampling_layers
+
+    @property
+    def frame_ms(self) -> int:
+        return self.feature_hop_ms * self.subsampling
+
+    @property
+    def unit_frames(self) -> int:
+        return self.unit_ms // self.frame_ms
+
+    def chunk_frames(self, chunk_ms: int) -> int:
+        """Encoder frames per chunk; chunk_ms must be a multiple of frame_ms that divides lookback."""
+        if chunk_ms <= 0 or chunk_ms % self.frame_ms:
+            raise ValueError(
+                f"chunk_ms must be a positive multiple of {self.frame_ms}, got {chunk_ms}"
+            )
+        frames = chunk_ms // self.frame_ms
+        if self.left_context_frames % frames:
+            raise ValueError(
+                f"chunk_ms={chunk_ms} ({frames} frames) must divide the lookback of "
+                f"{self.left_context_frames} frames"
+            )
+        return frames
+
+    def feature_config(self) -> FeatureConfig:
+        return FeatureConfig(n_mels=self.n_mels, hop_ms=self.feature_hop_ms)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+        return cls(**kwargs)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> ModelConfig:
+        return cls.from_json(json.loads(path.read_text()))

@@ -1,0 +1,216 @@
+"""Synthetic speech-translation corpus: Multi30k sentences spoken by TTS voices.
+
+Every utterance's voice and prosody are drawn from a generator seeded by (seed, split, index),
+so the corpus is the same whatever the number of jobs and however often the build resumes.
+Audio is written to a temporary name and renamed, so a killed build leaves no half file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import random
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import soundfile as sf
+from tqdm import tqdm
+
+from .audio import SAMPLE_RATE
+from .voices import Voice, eval_voices
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test_2016_flickr")
+# Engine weights for the train split: espeak has many voices, flite and festival few but
+# different sounding ones; drawing engines first keeps the minority engines well represented.
+ENGINE_WEIGHTS = {"espeak": 0.55, "flite": 0.3, "festival": 0.15}
+
+
+class CorpusError(ValueError):
+    """A corpus input the user can fix (missing Multi30k files, bad split name)."""
+
+
+@dataclass(frozen=True)
+class Prosody:
+    tempo: float = 1.0  # sox tempo factor (>1 is faster)
+    pitch_cents: int = 0  # sox pitch shift
+    volume: float = 1.0  # linear gain
+    espeak_rate_wpm: int = 175  # espeak -s
+    espeak_pitch: int = 50  # espeak -p (0..99)
+
+
+@dataclass(frozen=True)
+class Job:
+    split: str
+    index: int
+    text: str
+    translation: str | None
+    voice: Voice
+    prosody: Prosody
+
+    @property
+    def id(self) -> str:
+        return f"{self.split}-{self.index:05d}"
+
+    @property
+    def audio(self) -> str:
+        return f"wav/{self.split}/{self.id}.flac"
+
+
+def read_multi30k(folder: Path, split: str) -> tuple[list[str], list[str] | None]:
+    """English sentences of a split, and German ones where present (.en/.de, optionally .gz)."""
+
+    def read(lang: str) -> list[str] | None:
+        for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
+            path = folder / name
+            if path.exists():
+                opener = gzip.open if name.endswith(".gz") else open
+                with opener(path, "rt", encoding="utf-8") as f:
+                    return [line.strip() for line in f]
+        return None
+
+    english = read("en")
+    if english is None:
+        raise CorpusError(f"{folder}: no {split}.en or {split}.en.gz (expected Multi30k files)")
+    german = read("de")
+    if german is not None and len(german) != len(english):
+        raise CorpusError(
+            f"{folder}: {split}.en has {len(english)} lines, {split}.de {len(german)}"
+        )
+    return english, german
+
+
+def plan_jobs(
+    split: str,
+    english: list[str],
+    german: list[str] | None,
+    train_pool: dict[str, list[Voice]],
+    seed: int,
+    limit: int | None = None,
+) -> list[Job]:
+    """One job per sentence; train draws voice and prosody, other splits cycle eval voices."""
+    count = len(english) if limit is None else min(limit, len(english))
+    engines = [e for e in train_pool if train_pool[e]]
+    weights = [ENGINE_WEIGHTS.get(e, 0.1) for e in engines]
+    jobs = []
+    for index in range(count):
+        rng = random.Random(f"{seed}:{split}:{index}")
+        if split == "train":
+            engine = rng.choices(engines, weights)[0]
+            voice = rng.choice(train_pool[engine])
+            prosody = Prosody(
+                tempo=round(rng.uniform(0.85, 1.2), 3),
+                pitch_cents=rng.randint(-200, 200) if engine != "espeak" else 0,
+                volume=round(rng.uniform(0.3, 1.0), 3),
+                espeak_rate_wpm=rng.randint(140, 210),
+                espeak_pitch=rng.randint(25, 75),
+            )
+        else:
+            voice = eval_voices()[index % len(eval_voices())]
+            prosody = Prosody()
+        translation = german[index] if german is not None else None
+        jobs.append(Job(split, index, english[index], translation, voice, prosody))
+    return jobs
+
+
+def _engine_command(voice: Voice, prosody: Prosody, text_path: Path, raw_path: Path) -> list[str]:
+    if voice.engine == "espeak":
+        return [
+            "espeak-ng", "-v", voice.name, "-s", str(prosody.espeak_rate_wpm),
+            "-p", str(prosody.espeak_pitch), "-f", str(text_path), "-w", str(raw_path),
+        ]  # fmt: skip
+    if voice.engine == "flite":
+        return ["flite", "-voice", voice.name, "-f", str(text_path), "-o", str(raw_path)]
+    return [
+        "text2wave", "-eval", f"(voice_{voice.name})", "-o", str(raw_path), str(text_path),
+    ]  # fmt: skip
+
+
+def _sox_effects(prosody: Prosody) -> list[str]:
+    effects = []
+    if prosody.tempo != 1.0:
+        effects += ["tempo", "-s", str(prosody.tempo)]
+    if prosody.pitch_cents:
+        effects += ["pitch", str(prosody.pitch_cents)]
+    if prosody.volume != 1.0:
+        effects += ["vol", str(prosody.volume)]
+    return effects + ["rate", str(SAMPLE_RATE)]
+
+
+def synthesize(job: Job, out_dir: Path) -> dict:
+    """Speak one sentence into out_dir/job.audio (skipped when already there); its manifest row."""
+    target = out_dir / job.audio
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="streamasr-tts-") as tmp:
+            text_path, raw_path = Path(tmp) / "in.txt", Path(tmp) / "raw.wav"
+            text_path.write_text(job.text + "\n", encoding="utf-8")
+            run = dict(check=True, capture_output=True, timeout=120)
+            subprocess.run(_engine_command(job.voice, job.prosody, text_path, raw_path), **run)
+            tmp_out = Path(tmp) / "out.flac"
+            sox = ["sox", str(raw_path), "-c", "1", "-b", "16", str(tmp_out)]
+            subprocess.run(sox + _sox_effects(job.prosody), **run)
+            shutil.move(tmp_out, target)
+    info = sf.info(str(target))
+    row = {"id": job.id, "audio": job.audio, "text": job.text}
+    if job.translation is not None:
+        row["translation"] = job.translation
+    row["voice"] = str(job.voice)
+    row["duration_ms"] = round(info.frames * 1000 / info.samplerate, 1)
+    row["prosody"] = asdict(job.prosody)
+    return row
+
+
+@dataclass
+class BuildSummary:
+    utterances: int = 0
+    seconds: float = 0.0
+    failures: int = 0
+    per_voice: Counter | None = None
+
+    def lines(self) -> list[str]:
+        out = [
+            f"utterances: {self.utterances}  audio: {self.seconds / 3600:.2f} h  "
+            f"failures: {self.failures}"
+        ]
+        for voice, n in sorted((self.per_voice or Counter()).items(), key=lambda kv: -kv[1]):
+            out.append(f"  {n:6d}  {voice}")
+        return out
+
+
+def build_split(jobs: list[Job], out_dir: Path, num_jobs: int, summary: BuildSummary) -> Path:
+    """Synthesize every job (in parallel, resuming) and write out_dir/<split>.jsonl."""
+    split = jobs[0].split if jobs else "empty"
+    rows: list[dict | None] = [None] * len(jobs)
+
+    def work(i: int) -> None:
+        try:
+            rows[i] = synthesize(jobs[i], out_dir)
+        except (subprocess.SubprocessError, OSError, RuntimeError) as err:
+            stderr = getattr(err, "stderr", b"") or b""
+            log.warning("%s (%s) failed: %s %s", jobs[i].id, jobs[i].voice, err, stderr[-200:])
+
+    with ThreadPoolExecutor(max_workers=max(1, num_jobs)) as pool:
+        done = pool.map(work, range(len(jobs)))
+        for _ in tqdm(done, total=len(jobs), desc=split, unit="utt", dynamic_ncols=True):
+            pass
+    manifest = out_dir / f"{split}.jsonl"
+    tmp = manifest.with_suffix(".jsonl.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            if row is None:
+                summary.failures += 1
+                continue
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            summary.utterances += 1
+            summary.seconds += row["duration_ms"] / 1000
+            summary.per_voice[row["voice"]] += 1
+    tmp.replace(manifest)
+    return manifest

@@ -1,0 +1,127 @@
+"""Log-mel features, whole-signal and streaming, with global mean/variance normalization.
+
+Frames are computed without padding (`center=False`), so frame j depends only on samples
+[j * hop, j * hop + win): the streaming extractor carries the samples not yet covered by a
+full window and produces exactly the frames the whole signal would give.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torchaudio
+
+from .audio import SAMPLE_RATE, SAMPLES_PER_MS
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    n_mels: int = 80  # mel bands
+    win_ms: int = 25  # analysis window
+    hop_ms: int = 10  # frame shift; one feature frame per hop
+    log_floor: float = 1e-6  # added before the log so silence stays finite
+
+    @property
+    def win_samples(self) -> int:
+        return self.win_ms * SAMPLES_PER_MS
+
+    @property
+    def hop_samples(self) -> int:
+        return self.hop_ms * SAMPLES_PER_MS
+
+
+class LogMel(torch.nn.Module):
+    """(..., T_samples) float waveform -> (..., T_frames, n_mels) log-mel, unnormalized."""
+
+    def __init__(self, config: FeatureConfig = FeatureConfig()):
+        super().__init__()
+        self.config = config
+        self.mel = torchaudio.transforms.MelSpectrogram(
+            sample_rate=SAMPLE_RATE,
+            n_fft=config.win_samples,
+            win_length=config.win_samples,
+            hop_length=config.hop_samples,
+            n_mels=config.n_mels,
+            center=False,
+            power=2.0,
+        )
+
+    def num_frames(self, num_samples: int) -> int:
+        if num_samples < self.config.win_samples:
+            return 0
+        return 1 + (num_samples - self.config.win_samples) // self.config.hop_samples
+
+    def forward(self, waveform: torch.Tensor) -> torch.Tensor:
+        if waveform.shape[-1] < self.config.win_samples:
+            return waveform.new_zeros(*waveform.shape[:-1], 0, self.config.n_mels)
+        spec = self.mel(waveform)  # (..., n_mels, T)
+        return torch.log(spec + self.config.log_floor).transpose(-1, -2)
+
+
+@dataclass(frozen=True)
+class FeatureState:
+    """Samples received but not yet covered by a complete frame."""
+
+    pending: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # (T_samples,)
+
+
+class StreamingLogMel:
+    """Piecewise log-mel: feeding a signal in any cut gives the whole signal's frames."""
+
+    def __init__(self, logmel: LogMel):
+        self.logmel = logmel
+
+    def init_state(self) -> FeatureState:
+        return FeatureState()
+
+    def step(self, samples: torch.Tensor, state: FeatureState) -> tuple[torch.Tensor, FeatureState]:
+        """(T_samples,) new audio -> ((T_frames, n_mels) new frames, new state)."""
+        buffer = torch.cat([state.pending, samples.to(torch.float32)])
+        num_frames = self.logmel.num_frames(buffer.numel())
+        frames = self.logmel(buffer[: self._covered(num_frames)])
+        consumed = num_frames * self.logmel.config.hop_samples
+        return frames, FeatureState(pending=buffer[consumed:])
+
+    def _covered(self, num_frames: int) -> int:
+        if num_frames == 0:
+            return 0
+        cfg = self.logmel.config
+        return (num_frames - 1) * cfg.hop_samples + cfg.win_samples
+
+
+@dataclass(frozen=True)
+class FeatureStats:
+    """Global per-bin mean and standard deviation from the training split."""
+
+    mean: torch.Tensor  # (n_mels,)
+    std: torch.Tensor  # (n_mels,)
+
+    def normalize(self, frames: torch.Tensor) -> torch.Tensor:
+        return (frames - self.mean) / self.std
+
+    @classmethod
+    def identity(cls, n_mels: int) -> FeatureStats:
+        return cls(mean=torch.zeros(n_mels), std=torch.ones(n_mels))
+
+
+class RunningStats:
+    """Accumulates sums in float64 so that hours of frames give exact statistics."""
+
+    def __init__(self, n_mels: int):
+        self.count = 0
+        self.total = torch.zeros(n_mels, dtype=torch.float64)
+        self.total_sq = torch.zeros(n_mels, dtype=torch.float64)
+
+    def update(self, frames: torch.Tensor) -> None:
+        frames = frames.to(torch.float64)
+        self.count += frames.shape[0]
+        self.total += frames.sum(0)
+        self.total_sq += (frames**2).sum(0)
+
+    def result(self) -> FeatureStats:
+        if self.count == 0:
+            raise ValueError("no frames were accumulated; expected at least one")
+        mean = self.total / self.count
+        var = (self.total_sq / self.count - mean**2).clamp_min(1e-8)
+        return FeatureStats(mean=mean.float(), std=var.sqrt().float())

@@ -1,0 +1,50 @@
+"""Manifests: JSON Lines, one utterance per line; audio paths relative to the manifest."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ManifestError(ValueError):
+    """A manifest the user can fix: missing, not JSON Lines, or rows without id/audio."""
+
+
+@dataclass(frozen=True)
+class Utterance:
+    id: str
+    audio: Path  # resolved against the manifest's folder
+    text: str | None = None
+    translation: str | None = None
+    duration_ms: float | None = None
+
+
+def read_manifest(path: str | Path, limit: int | None = None) -> list[Utterance]:
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"{path}: no such manifest")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                audio = Path(row["audio"])
+                rows.append(
+                    Utterance(
+                        id=str(row["id"]),
+                        audio=audio if audio.is_absolute() else path.parent / audio,
+                        text=row.get("text"),
+                        translation=row.get("translation"),
+                        duration_ms=row.get("duration_ms"),
+                    )
+                )
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ManifestError(
+                    f"{path}:{line_no}: expected a JSON object with id and audio ({err})"
+                ) from None
+            if limit is not None and len(rows) >= limit:
+                break
+    return rows

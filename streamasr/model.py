@@ -1,0 +1,479 @@
+"""The network: a chunked streaming Conformer encoder with a CTC head, and a wait-k decoder.
+
+Every streaming module has `forward` (whole sequence under the chunk mask, for training) and
+`step(x, state) -> (y, state)` (one chunk, caches carried). States are frozen dataclasses
+of tensors, batched on dim 0; modules hold only parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+def rotary(x: Tensor, positions: Tensor) -> Tensor:
+    """Rotate (B, H, T, Dh) by absolute positions (T,): RoPE, half-split layout."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (10000 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, half)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def chunk_mask(num_frames: int, chunk_frames: int, left_frames: int, device=None) -> Tensor:
+    """(T, T) bool, True where query t may attend key s: its own chunk and left_frames before it."""
+    t = torch.arange(num_frames, device=device)
+    chunk_start = (t // chunk_frames) * chunk_frames  # (T,)
+    own_or_past = t[None, :] < (chunk_start[:, None] + chunk_frames)
+    recent = t[None, :] >= (chunk_start[:, None] - left_frames)
+    return own_or_past & recent
+
+
+def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """(B,) lengths -> (B, T) bool, True on valid frames."""
+    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+
+
+# --------------------------------------------------------------------------- subsampling
+
+
+@dataclass(frozen=True)
+class SubsamplingState:
+    tails: tuple[Tensor, ...]  # per conv layer, its last input frame: (B, 1, C_in)
+
+
+class CausalSubsampling(nn.Module):
+    """Stride-2 causal conv1d layers: output j of a layer sees its inputs 2j-1, 2j, 2j+1.
+
+    Inputs are trimmed to a multiple of the total stride, so that the whole-sequence pass and
+    the chunk-by-chunk pass see the same frames.
+    """
+
+    def __init__(self, n_mels: int, d_model: int, num_layers: int):
+        super().__init__()
+        channels = [n_mels] + [d_model] * num_layers
+        self.convs = nn.ModuleList(
+            nn.Conv1d(c_in, c_out, kernel_size=3, stride=2)
+            for c_in, c_out in zip(channels, channels[1:])
+        )
+        self.factor = 2**num_layers
+
+    def init_state(self, batch: int, device=None) -> SubsamplingState:
+        return SubsamplingState(
+            tails=tuple(
+                torch.zeros(batch, 1, conv.in_channels, device=device) for conv in self.convs
+            )
+        )
+
+    def _layer(self, conv: nn.Conv1d, x: Tensor, tail: Tensor) -> Tensor:
+        x = torch.cat([tail, x], dim=1)  # (B, 1 + T, C)
+        return F.gelu(conv(x.transpose(1, 2)).transpose(1, 2))
+
+    def forward(self, feats: Tensor) -> Tensor:
+        """(B, T_feat, n_mels) -> (B, T_feat // factor, d_model)."""
+        x = feats[:, : feats.shape[1] // self.factor * self.factor]
+        for conv in self.convs:
+            x = self._layer(conv, x, x.new_zeros(x.shape[0], 1, x.shape[2]))
+        return x
+
+    def step(self, feats: Tensor, state: SubsamplingState) -> tuple[Tensor, SubsamplingState]:
+        """(B, T_feat, n_mels) with T_feat a multiple of factor -> (B, T_feat // factor, d_model)."""
+        if feats.shape[1] % self.factor:
+            raise ValueError(
+                f"step needs a multiple of {self.factor} feature frames, got {feats.shape[1]}"
+            )
+        x, tails = feats, []
+        for conv, tail in zip(self.convs, state.tails):
+            tails.append(x[:, -1:])
+            x = self._layer(conv, x, tail)
+        return x, SubsamplingState(tails=tuple(tails))
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+@dataclass(frozen=True)
+class LayerState:
+    keys: Tensor  # (B, H, T_cache, Dh), rotated, at most left_context_frames
+    values: Tensor  # (B, H, T_cache, Dh)
+    conv_tail: Tensor  # (B, kernel - 1, D): depthwise conv inputs carried
+
+
+@dataclass(frozen=True)
+class EncoderState:
+    subsampling: SubsamplingState
+    layers: tuple[LayerState, ...]
+    frames_done: int  # encoder frames emitted so far: the absolute position of the next one
+
+
+class FeedForward(nn.Sequential):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__(
+            nn.Linear(d_model, d_ff), nn.SiLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
+        )
+
+
+class ChunkedSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+
+    def _project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        return rotary(q, positions), rotary(k, positions), v  # each (B, H, T, Dh)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T, Dh)
+        B, H, T, Dh = y.shape
+        return self.out(y.transpose(1, 2).reshape(B, T, H * Dh))
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """(B, T, D), mask (B, 1, T, T) -> (B, T, D); positions 0..T-1."""
+        q, k, v = self._project(x, torch.arange(x.shape[1], device=x.device))
+        return self._attend(q, k, v, mask)
+
+    def step(
+        self, x: Tensor, keys: Tensor, values: Tensor, start: int, left_frames: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One chunk (B, C, D) at absolute position `start`; caches trimmed to left_frames."""
+        q, k, v = self._project(x, torch.arange(start, start + x.shape[1], device=x.device))
+        keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+        y = self._attend(q, keys, values, mask=None)
+        # The next chunk may look back left_frames before its own start: keep exactly those.
+        return (
+            y,
+            keys[:, :, keys.shape[2] - min(left_frames, keys.shape[2]) :],
+            values[:, :, values.shape[2] - min(left_frames, values.shape[2]) :],
+        )
+
+
+class CausalConvModule(nn.Module):
+    """Pointwise-GLU, causal depthwise conv, LayerNorm, SiLU, pointwise."""
+
+    def __init__(self, d_model: int, kernel: int, dropout: float):
+        super().__init__()
+        self.kernel = kernel
+        self.pointwise_in = nn.Linear(d_model, 2 * d_model)
+        self.depthwise = nn.Conv1d(d_model, d_model, kernel, groups=d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.pointwise_out = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def _conv(self, x: Tensor, tail: Tensor) -> Tensor:
+        x = torch.cat([tail, x], dim=1)  # (B, kernel - 1 + T, D)
+        x = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
+        return self.dropout(self.pointwise_out(F.silu(self.norm(x))))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.glu(self.pointwise_in(x), dim=-1)
+        return self._conv(x, x.new_zeros(x.shape[0], self.kernel - 1, x.shape[2]))
+
+    def step(self, x: Tensor, tail: Tensor) -> tuple[Tensor, Tensor]:
+        x = F.glu(self.pointwise_in(x), dim=-1)
+        new_tail = torch.cat([tail, x], dim=1)[:, -(self.kernel - 1) :]
+        return self._conv(x, tail), new_tail
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.norm_attn, self.norm_conv, self.norm_ff = (
+            nn.LayerNorm(d),
+            nn.LayerNorm(d),
+            nn.LayerNorm(d),
+        )
+        self.attn = ChunkedSelfAttention(d, cfg.n_heads, cfg.dropout)
+        self.conv = CausalConvModule(d, cfg.conv_kernel, cfg.dropout)
+        self.ff = FeedForward(d, cfg.d_ff, cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.dropout(self.attn(self.norm_attn(x), mask))
+        x = x + self.conv(self.norm_conv(x))
+        return x + self.dropout(self.ff(self.norm_ff(x)))
+
+    def step(
+        self, x: Tensor, state: LayerState, start: int, left_frames: int
+    ) -> tuple[Tensor, LayerState]:
+        y, keys, values = self.attn.step(
+            self.norm_attn(x), state.keys, state.values, start, left_frames
+        )
+        x = x + y
+        y, conv_tail = self.conv.step(self.norm_conv(x), state.conv_tail)
+        x = x + y
+        x = x + self.ff(self.norm_ff(x))
+        return x, LayerState(keys=keys, values=values, conv_tail=conv_tail)
+
+
+class StreamingEncoder(nn.Module):
+    """Features -> encoder frames; a frame sees its chunk and left_context_frames before it."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.subsampling = CausalSubsampling(cfg.n_mels, cfg.d_model, cfg.subsampling_layers)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(
+        self, feats: Tensor, feat_lengths: Tensor, chunk_frames: int
+    ) -> tuple[Tensor, Tensor]:
+        """(B, T_feat, n_mels), (B,) -> (B, T, D), (B,) with T = T_feat // subsampling.
+
+        chunk_frames <= 0 means full context (no chunking, no lookback limit).
+        """
+        x = self.subsampling(feats)
+        lengths = feat_lengths // self.subsampling.factor
+        T = x.shape[1]
+        if chunk_frames > 0:
+            allowed = chunk_mask(T, chunk_frames, self.cfg.left_context_frames, x.device)[None]
+        else:
+            allowed = torch.ones(1, T, T, dtype=torch.bool, device=x.device)
+        allowed = allowed & lengths_to_mask(lengths, T)[:, None, :]
+        # Padded queries may have no valid key left; their own position keeps softmax finite.
+        allowed = (allowed | torch.eye(T, dtype=torch.bool, device=x.device)[None])[:, None]
+        for layer in self.layers:
+            x = layer(x, allowed)
+        return self.norm(x), lengths
+
+    def init_state(self, batch: int = 1, device=None) -> EncoderState:
+        cfg, head_dim = self.cfg, self.cfg.d_model // self.cfg.n_heads
+        empty = torch.zeros(batch, cfg.n_heads, 0, head_dim, device=device)
+        tail = torch.zeros(batch, cfg.conv_kernel - 1, cfg.d_model, device=device)
+        layer = LayerState(keys=empty, values=empty, conv_tail=tail)
+        return EncoderState(
+            subsampling=self.subsampling.init_state(batch, device),
+            layers=tuple(layer for _ in self.layers),
+            frames_done=0,
+        )
+
+    def step(self, feats: Tensor, state: EncoderState) -> tuple[Tensor, EncoderState]:
+        """One chunk: (B, C * subsampling, n_mels) -> (B, C, D); C at most the chunk size."""
+        x, sub_state = self.subsampling.step(feats, state.subsampling)
+        layers = []
+        for layer, layer_state in zip(self.layers, state.layers):
+            x, new_state = layer.step(
+                x, layer_state, state.frames_done, self.cfg.left_context_frames
+            )
+            layers.append(new_state)
+        return self.norm(x), EncoderState(
+            subsampling=sub_state, layers=tuple(layers), frames_done=state.frames_done + x.shape[1]
+        )
+
+
+# --------------------------------------------------------------------------- decoder
+
+
+def wait_k_visible_frames(
+    num_targets: int,
+    source_frames: Tensor,
+    wait_k: int | None,
+    unit_frames: int,
+    tokens_per_unit: int,
+) -> Tensor:
+    """(B,) source lengths -> (B, U) frames target token i may see under wait-k.
+
+    Token i (0-based) is written once k + i // tokens_per_unit units are read; wait_k=None is
+    full context. Never fewer than one frame, never more than the source.
+    """
+    if wait_k is None:
+        return source_frames[:, None].expand(-1, num_targets)
+    i = torch.arange(num_targets, device=source_frames.device)
+    units = wait_k + torch.div(i, tokens_per_unit, rounding_mode="floor")
+    frames = units[None, :] * unit_frames
+    return torch.minimum(frames, source_frames[:, None]).clamp_min(1)
+
+
+@dataclass(frozen=True)
+class DecoderLayerState:
+    self_keys: Tensor  # (B, H, t, Dh)
+    self_values: Tensor
+    cross_keys: Tensor  # (B, H, S, Dh): projections of the encoder frames read so far
+    cross_values: Tensor
+
+
+@dataclass(frozen=True)
+class DecoderState:
+    layers: tuple[DecoderLayerState, ...]
+    tokens_done: int  # decoder positions consumed: the position of the next input token
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, self.n_heads = cfg.d_model, cfg.n_heads
+        self.norm_self, self.norm_cross, self.norm_ff = (
+            nn.LayerNorm(d),
+            nn.LayerNorm(d),
+            nn.LayerNorm(d),
+        )
+        self.self_qkv = nn.Linear(d, 3 * d)
+        self.self_out = nn.Linear(d, d)
+        self.cross_q = nn.Linear(d, d)
+        self.cross_kv = nn.Linear(d, 2 * d)
+        self.cross_out = nn.Linear(d, d)
+        self.ff = FeedForward(d, cfg.d_ff, cfg.dropout)
+        self.dropout = cfg.dropout
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, D = x.shape
+        return x.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, T, Dh)
+
+    def _merge(self, y: Tensor) -> Tensor:
+        B, H, T, Dh = y.shape
+        return y.transpose(1, 2).reshape(B, T, H * Dh)
+
+    def _sdpa(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False
+    ) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal
+        )
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.cross_kv(memory).chunk(2, dim=-1)
+        return self._heads(k), self._heads(v)
+
+    def _cross_and_ff(self, x: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+        q = self._heads(self.cross_q(self.norm_cross(x)))
+        x = x + F.dropout(
+            self.cross_out(self._merge(self._sdpa(q, keys, values, mask))),
+            self.dropout,
+            self.training,
+        )
+        return x + F.dropout(self.ff(self.norm_ff(x)), self.dropout, self.training)
+
+    def forward(self, x: Tensor, memory: Tensor, cross_mask: Tensor) -> Tensor:
+        """(B, U, D), (B, S, D), (B, 1, U, S) -> (B, U, D)."""
+        q, k, v = (self._heads(t) for t in self.self_qkv(self.norm_self(x)).chunk(3, dim=-1))
+        y = self._merge(self._sdpa(q, k, v, None, causal=True))
+        x = x + F.dropout(self.self_out(y), self.dropout, self.training)
+        keys, values = self.memory_kv(memory)
+        return self._cross_and_ff(x, keys, values, cross_mask)
+
+    def step(
+        self, x: Tensor, state: DecoderLayerState, visible_frames: int
+    ) -> tuple[Tensor, DecoderLayerState]:
+        """One token (B, 1, D); it sees the first visible_frames cached encoder frames."""
+        q, k, v = (self._heads(t) for t in self.self_qkv(self.norm_self(x)).chunk(3, dim=-1))
+        keys = torch.cat([state.self_keys, k], dim=2)
+        values = torch.cat([state.self_values, v], dim=2)
+        x = x + self.self_out(self._merge(self._sdpa(q, keys, values, None)))
+        cross_k = state.cross_keys[:, :, :visible_frames]
+        cross_v = state.cross_values[:, :, :visible_frames]
+        x = self._cross_and_ff(x, cross_k, cross_v, None)
+        return x, DecoderLayerState(keys, values, state.cross_keys, state.cross_values)
+
+
+class TranslationDecoder(nn.Module):
+    """Transformer decoder over the encoder frames, trained prefix-to-prefix for wait-k."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.de_vocab, cfg.d_model)
+        # Scaled by sqrt(d) on input and tied to the output layer: unit-scale both ways.
+        nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
+        self.register_buffer(
+            "positions", self._sinusoids(cfg.max_target_tokens, cfg.d_model), persistent=False
+        )
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.de_vocab)
+        self.out.weight = self.embed.weight  # tied: fewer parameters, better small-data training
+
+    @staticmethod
+    def _sinusoids(length: int, dim: int) -> Tensor:
+        inv = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2) / dim)
+        angles = torch.arange(length)[:, None] * inv[None, :]
+        return torch.cat([angles.sin(), angles.cos()], dim=1)  # (length, dim)
+
+    def _embed(self, tokens: Tensor, start: int) -> Tensor:
+        if start + tokens.shape[1] > self.cfg.max_target_tokens:
+            raise ValueError(
+                f"decoder supports {self.cfg.max_target_tokens} positions, asked for {start + tokens.shape[1]}"
+            )
+        return (
+            self.embed(tokens) * math.sqrt(self.cfg.d_model)
+            + self.positions[start : start + tokens.shape[1]]
+        )
+
+    def forward(self, tokens: Tensor, memory: Tensor, visible_frames: Tensor) -> Tensor:
+        """tokens (B, U) (bos + targets[:-1]), memory (B, S, D), visible (B, U) -> logits (B, U, V)."""
+        S = memory.shape[1]
+        cross_mask = (
+            torch.arange(S, device=memory.device)[None, None, :] < visible_frames[:, :, None]
+        )[:, None]
+        x = self._embed(tokens, 0)
+        for layer in self.layers:
+            x = layer(x, memory, cross_mask)
+        return self.out(self.norm(x))
+
+    def init_state(self, batch: int = 1, device=None) -> DecoderState:
+        head_dim = self.cfg.d_model // self.cfg.n_heads
+        empty = torch.zeros(batch, self.cfg.n_heads, 0, head_dim, device=device)
+        layer = DecoderLayerState(empty, empty, empty, empty)
+        return DecoderState(layers=tuple(layer for _ in self.layers), tokens_done=0)
+
+    def extend_memory(self, frames: Tensor, state: DecoderState) -> DecoderState:
+        """Project newly read encoder frames (B, C, D) once, into every layer's cross cache."""
+        layers = []
+        for layer, s in zip(self.layers, state.layers):
+            k, v = layer.memory_kv(frames)
+            layers.append(
+                DecoderLayerState(
+                    s.self_keys,
+                    s.self_values,
+                    torch.cat([s.cross_keys, k], 2),
+                    torch.cat([s.cross_values, v], 2),
+                )
+            )
+        return DecoderState(layers=tuple(layers), tokens_done=state.tokens_done)
+
+    def step(
+        self, token: Tensor, state: DecoderState, visible_frames: int
+    ) -> tuple[Tensor, DecoderState]:
+        """token (B,) -> logits (B, V) for the next token, which sees visible_frames frames."""
+        x = self._embed(token[:, None], state.tokens_done)
+        layers = []
+        for layer, s in zip(self.layers, state.layers):
+            x, s = layer.step(x, s, visible_frames)
+            layers.append(s)
+        logits = self.out(self.norm(x))[:, 0]
+        return logits, DecoderState(layers=tuple(layers), tokens_done=state.tokens_done + 1)
+
+
+# --------------------------------------------------------------------------- the whole model
+
+
+class SpeechTranslator(nn.Module):
+    """Encoder + CTC head (transcript) + wait-k decoder (translation)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = StreamingEncoder(cfg)
+        self.ctc_head = nn.Linear(cfg.d_model, cfg.en_vocab)
+        self.decoder = TranslationDecoder(cfg)
+
+    def ctc_log_probs(self, frames: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, V_en) log-probabilities; id 0 is the blank."""
+        return self.ctc_head(frames).log_softmax(-1)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

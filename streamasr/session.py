@@ -1,0 +1,356 @@
+"""A streaming session: audio pieces in, timestamped transcript and translation events out.
+
+features (carried samples) -> encoder chunks (carried caches) -> CTC greedy (carried label)
+-> words; the same frames feed the wait-k translator of the current segment. A run of blank
+frames closes a segment: its transcript and translation become final and the decoder is reset,
+so a stream of any length runs in flat memory. Output never depends on how the audio was cut
+into pieces: work is done in whole encoder chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+import torch
+
+from .audio import SAMPLES_PER_MS
+from .bundle import Bundle
+from .decoding import CtcState, WaitKTranslator, ctc_greedy_step
+from .features import LogMel, StreamingLogMel
+from .policy import WaitK
+from .text import Tokenizer
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    chunk_ms: int = 320  # encoder chunk: audio gathered before each step
+    translate: bool = True  # run the wait-k translator
+    wait_k: int | None = 3  # None = full context (translate once the segment has ended)
+    endpoint_ms: int = 800  # a run of blank frames this long closes a segment
+    lead_in_ms: int = 640  # audio before the first transcript token that still joins the segment
+    max_segment_ms: int = 20_000  # close a segment that runs this long without a pause
+
+
+@dataclass(frozen=True)
+class Event:
+    stream: str
+    segment: int
+    type: Literal["transcript", "translation"]
+    text: str  # newly emitted words (a delta)
+    final: bool  # closes the segment for this type
+    delay_ms: float  # source audio consumed when emitted
+    elapsed_ms: float  # compute-aware emission time (audio arriving in real time)
+
+    def to_json(self) -> dict:
+        return {
+            "stream": self.stream, "segment": self.segment, "type": self.type, "text": self.text,
+            "final": self.final, "delay_ms": round(self.delay_ms, 1), "elapsed_ms": round(self.elapsed_ms, 1),
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    """A word with the times its last subword was written (for latency metrics)."""
+
+    segment: int
+    text: str
+    delay_ms: float
+    elapsed_ms: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A closed segment, for subtitles and reports."""
+
+    index: int
+    start_ms: float
+    end_ms: float
+    transcript: str
+    translation: str
+
+
+class VirtualClock:
+    """Elapsed time as if audio arrived in real time: a chunk starts when its audio is in and
+    the previous chunk is done; its computation time is measured."""
+
+    def __init__(self) -> None:
+        self.free_at_ms = 0.0
+        self._begin_ms = 0.0
+        self._t0 = 0.0
+
+    def start_chunk(self, audio_end_ms: float) -> None:
+        self._begin_ms = max(audio_end_ms, self.free_at_ms)
+        self._t0 = time.perf_counter()
+
+    def now_ms(self) -> float:
+        return self._begin_ms + (time.perf_counter() - self._t0) * 1000
+
+    def end_chunk(self) -> None:
+        self.free_at_ms = self.now_ms()
+
+
+class WallClock:
+    """Elapsed time measured from the stream's start on the wall clock."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def start_chunk(self, audio_end_ms: float) -> None:
+        pass
+
+    def now_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000
+
+    def end_chunk(self) -> None:
+        pass
+
+
+class WordAssembler:
+    """Collects subword tokens into whole words; a word is complete when the next one starts."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.pending: list[int] = []
+        self.last_times = (0.0, 0.0)
+
+    def push(
+        self, token: int, delay_ms: float, elapsed_ms: float
+    ) -> tuple[str, tuple[float, float]] | None:
+        done = None
+        if self.pending and self.tokenizer.starts_word(token):
+            done = self.flush()
+        self.pending.append(token)
+        self.last_times = (delay_ms, elapsed_ms)
+        return done
+
+    def flush(self) -> tuple[str, tuple[float, float]] | None:
+        if not self.pending:
+            return None
+        word = self.tokenizer.decode(self.pending).strip()
+        self.pending = []
+        return (word, self.last_times) if word else None
+
+
+@dataclass
+class _SegmentState:
+    index: int = 0
+    started: bool = False  # a transcript token was seen: frames now feed the translator
+    frames: int = 0  # encoder frames in the segment
+    start_frame: int = 0  # absolute encoder frame where the segment's source begins
+    last_token_frame: int = -1
+    lead_in: list[torch.Tensor] = field(default_factory=list)  # frames before speech, trimmed
+    transcript: list[str] = field(default_factory=list)
+    translation: list[str] = field(default_factory=list)
+
+
+class Session:
+    """One stream. `accept` pieces of 16 kHz mono float32 audio, then `finish`."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        options: SessionOptions = SessionOptions(),
+        stream: str = "stream",
+        clock: Literal["virtual", "wall"] = "virtual",
+    ):
+        cfg = bundle.config
+        self.bundle, self.options, self.stream = bundle, options, stream
+        self.chunk_frames = cfg.chunk_frames(options.chunk_ms)
+        self.feature_frames_per_chunk = self.chunk_frames * cfg.subsampling
+        self.features = StreamingLogMel(LogMel(cfg.feature_config()))
+        self.feature_state = self.features.init_state()
+        self.pending_feats = torch.zeros(0, cfg.n_mels)
+        self.encoder_state = bundle.model.encoder.init_state()
+        self.ctc_state = CtcState()
+        self.clock = VirtualClock() if clock == "virtual" else WallClock()
+        self.policy = WaitK(options.wait_k, cfg.tokens_per_unit)
+        self.translator = WaitKTranslator(
+            bundle.model, self.policy, bundle.de.bos_id, bundle.de.eos_id
+        )
+        self.translator_state = self.translator.init_state()
+        self.segment = _SegmentState()
+        self.en_words = WordAssembler(bundle.en)
+        self.de_words = WordAssembler(bundle.de)
+        self.samples_in = 0
+        self.feature_frames_used = 0
+        self.transcript_words: list[WordTiming] = []
+        self.translation_words: list[WordTiming] = []
+        self.segments: list[Segment] = []
+        self.chunk_compute_ms: list[float] = []
+        self.finished = False
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def audio_ms(self) -> float:
+        return self.samples_in / SAMPLES_PER_MS
+
+    def accept(self, samples: np.ndarray) -> list[Event]:
+        """Feed a piece of audio (any length); returns the events it caused."""
+        if self.finished:
+            raise RuntimeError("accept() after finish(): start a new Session")
+        self.samples_in += len(samples)
+        frames, self.feature_state = self.features.step(
+            torch.from_numpy(np.asarray(samples, dtype=np.float32)), self.feature_state
+        )
+        self.pending_feats = torch.cat([self.pending_feats, frames])
+        events: list[Event] = []
+        while self.pending_feats.shape[0] >= self.feature_frames_per_chunk:
+            events += self._process_chunk(
+                self.feature_frames_per_chunk, self._consumed_ms(self.feature_frames_per_chunk)
+            )
+        return events
+
+    def finish(self) -> list[Event]:
+        """End of stream: encode what is left (whole encoder frames), close the open segment."""
+        if self.finished:
+            return []
+        sub = self.bundle.config.subsampling
+        usable = self.pending_feats.shape[0] // sub * sub
+        events = self._process_chunk(usable, self.audio_ms) if usable else []
+        self.clock.start_chunk(self.audio_ms)
+        events += self._close_segment(self.audio_ms)
+        self.clock.end_chunk()
+        self.finished = True
+        return events
+
+    # ------------------------------------------------------------------ internals
+
+    def _consumed_ms(self, feature_frames: int) -> float:
+        """Audio needed to compute the features up to this chunk's last frame."""
+        fc = self.features.logmel.config
+        return (self.feature_frames_used + feature_frames - 1) * fc.hop_ms + fc.win_ms
+
+    def _process_chunk(self, feature_frames: int, delay_ms: float) -> list[Event]:
+        model, cfg = self.bundle.model, self.bundle.config
+        self.clock.start_chunk(delay_ms)
+        t0 = time.perf_counter()
+        feats = self.bundle.stats.normalize(self.pending_feats[:feature_frames])
+        self.pending_feats = self.pending_feats[feature_frames:]
+        self.feature_frames_used += feature_frames
+        with torch.inference_mode():
+            frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state)
+            tokens, self.ctc_state = ctc_greedy_step(model.ctc_log_probs(frames)[0], self.ctc_state)
+        first_frame = self.encoder_state.frames_done - frames.shape[1]
+        events = self._transcript_tokens(tokens, first_frame, delay_ms)
+        events += self._translate(frames, first_frame, delay_ms)
+        seg = self.segment
+        silence_ms = self.ctc_state.trailing_blank_frames * cfg.frame_ms
+        too_long = seg.frames * cfg.frame_ms >= self.options.max_segment_ms
+        if seg.started and (silence_ms >= self.options.endpoint_ms or too_long):
+            events += self._close_segment(delay_ms)
+        self.clock.end_chunk()
+        self.chunk_compute_ms.append((time.perf_counter() - t0) * 1000)
+        return events
+
+    def _event(self, kind: str, text: str, final: bool, delay_ms: float) -> Event:
+        return Event(
+            self.stream, self.segment.index, kind, text, final, delay_ms, self.clock.now_ms()
+        )
+
+    def _transcript_tokens(
+        self, tokens: list[tuple[int, int]], first_frame: int, delay_ms: float
+    ) -> list[Event]:
+        words = []
+        for token, offset in tokens:
+            self.segment.last_token_frame = first_frame + offset
+            done = self.en_words.push(token, delay_ms, self.clock.now_ms())
+            if done:
+                words.append(done)
+        if tokens and not self.segment.started:
+            self._start_segment()
+        return self._word_events("transcript", words, delay_ms)
+
+    def _word_events(
+        self,
+        kind: str,
+        words: list[tuple[str, tuple[float, float]]],
+        delay_ms: float,
+        final: bool = False,
+    ) -> list[Event]:
+        timings = self.transcript_words if kind == "transcript" else self.translation_words
+        store = self.segment.transcript if kind == "transcript" else self.segment.translation
+        for word, (word_delay, word_elapsed) in words:
+            timings.append(WordTiming(self.segment.index, word, word_delay, word_elapsed))
+            store.append(word)
+        text = " ".join(word for word, _ in words)
+        return [self._event(kind, text, final, delay_ms)] if text or final else []
+
+    def _start_segment(self) -> None:
+        """Speech began: the translator reads the kept lead-in frames first."""
+        seg = self.segment
+        seg.started = True
+        if self.options.translate and seg.lead_in:
+            lead = torch.cat(seg.lead_in, dim=1)
+            seg.start_frame -= lead.shape[1]
+            self.translator_state = self.translator.read(lead, self.translator_state)
+            seg.frames += lead.shape[1]
+        seg.lead_in = []
+
+    def _translate(self, frames: torch.Tensor, first_frame: int, delay_ms: float) -> list[Event]:
+        seg = self.segment
+        if not seg.started:
+            keep = self.options.lead_in_ms // self.bundle.config.frame_ms
+            lead = torch.cat(seg.lead_in + [frames], dim=1) if seg.lead_in else frames
+            seg.lead_in = [lead[:, lead.shape[1] - min(keep, lead.shape[1]) :]] if keep else []
+            seg.start_frame = (
+                first_frame + frames.shape[1] - seg.lead_in[0].shape[1]
+                if keep
+                else first_frame + frames.shape[1]
+            )
+            return []
+        seg.frames += frames.shape[1]
+        if not self.options.translate:
+            return []
+        with torch.inference_mode():
+            self.translator_state = self.translator.read(frames, self.translator_state)
+            tokens, self.translator_state = self.translator.write(
+                self.translator_state, source_finished=False
+            )
+        return self._translation_tokens(tokens, delay_ms)
+
+    def _translation_tokens(
+        self, tokens: list[int], delay_ms: float, final: bool = False
+    ) -> list[Event]:
+        words = []
+        for token in tokens:
+            done = self.de_words.push(token, delay_ms, self.clock.now_ms())
+            if done:
+                words.append(done)
+        if final:
+            last = self.de_words.flush()
+            if last:
+                words.append(last)
+        return self._word_events("translation", words, delay_ms, final)
+
+    def _close_segment(self, delay_ms: float) -> list[Event]:
+        seg = self.segment
+        if not seg.started:
+            return []
+        last = self.en_words.flush()
+        events = self._word_events("transcript", [last] if last else [], delay_ms, final=True)
+        if self.options.translate:
+            with torch.inference_mode():
+                tokens, self.translator_state = self.translator.write(
+                    self.translator_state, source_finished=True
+                )
+            events += self._translation_tokens(tokens, delay_ms, final=True)
+        frame_ms = self.bundle.config.frame_ms
+        self.segments.append(
+            Segment(
+                index=seg.index,
+                start_ms=seg.start_frame * frame_ms,
+                end_ms=(seg.last_token_frame + 1) * frame_ms,
+                transcript=" ".join(seg.transcript),
+                translation=" ".join(seg.translation),
+            )
+        )
+        self.segment = _SegmentState(
+            index=seg.index + 1, start_frame=self.encoder_state.frames_done
+        )
+        self.translator_state = self.translator.init_state()
+        self.ctc_state = replace(self.ctc_state, trailing_blank_frames=0)
+        return events

@@ -1,0 +1,170 @@
+"""Audio sources behind one interface: a file (simulated streaming) and a microphone.
+
+A source hands out pieces of 16 kHz mono float32 audio through `read`, which returns None
+once the source has ended. Live sources fill a bounded queue from their capture thread (or
+PortAudio's callback); a full queue drops the piece and counts it, never silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .audio import SAMPLE_RATE, load_audio, ms_to_samples, to_mono_16k
+
+log = logging.getLogger(__name__)
+
+
+class DeviceError(ValueError):
+    """No usable input device (none present, bad name or index)."""
+
+
+class Source:
+    """Base: a bounded queue between a producer thread and the session thread."""
+
+    name = "source"
+
+    def __init__(self, queue_pieces: int = 200):
+        self.queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=queue_pieces)
+        self.dropped_pieces = 0  # queue full: the session could not keep up
+        self.device_overflows = 0  # the device reported lost input
+        self.stop_event = threading.Event()
+
+    def _offer(self, piece: np.ndarray | None) -> None:
+        try:
+            self.queue.put_nowait(piece)
+        except queue.Full:
+            self.dropped_pieces += 1
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def read(self, timeout: float = 0.5) -> np.ndarray | None:
+        """The next piece; None when the source has ended. Waits while a live source is quiet."""
+        while True:
+            try:
+                return self.queue.get(timeout=timeout)
+            except queue.Empty:
+                if self.stop_event.is_set():
+                    return None
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+
+class FileSource(Source):
+    """A decoded file handed out in pieces; `pace=True` releases them in real time."""
+
+    def __init__(self, path: str | Path, piece_ms: float = 100, pace: bool = False):
+        super().__init__()
+        self.name = str(path)
+        self.audio = load_audio(path)
+        self.piece_samples = max(1, ms_to_samples(piece_ms))
+        self.pace = pace
+        self._position = 0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def duration_ms(self) -> float:
+        return len(self.audio) * 1000 / SAMPLE_RATE
+
+    def pieces(self):
+        for start in range(0, len(self.audio), self.piece_samples):
+            yield self.audio[start : start + self.piece_samples]
+
+    def start(self) -> None:
+        if self.pace:
+            self._thread = threading.Thread(target=self._paced, name="file-capture", daemon=True)
+            self._thread.start()
+
+    def _paced(self) -> None:
+        t0 = time.perf_counter()
+        sent = 0
+        for piece in self.pieces():
+            if self.stop_event.is_set():
+                break
+            sent += len(piece)
+            time.sleep(max(0.0, t0 + sent / SAMPLE_RATE - time.perf_counter()))
+            self._offer(piece)
+        self.queue.put(None)  # end of stream is never dropped
+
+    def read(self, timeout: float = 0.5) -> np.ndarray | None:
+        if self.pace:
+            return super().read(timeout)
+        if self._position >= len(self.audio):
+            return None
+        piece = self.audio[self._position : self._position + self.piece_samples]
+        self._position += self.piece_samples
+        return piece
+
+
+def list_input_devices() -> list[str]:
+    import sounddevice as sd
+
+    lines = []
+    for index, dev in enumerate(sd.query_devices()):
+        if dev["max_input_channels"] > 0:
+            lines.append(
+                f"{index}: {dev['name']} ({dev['max_input_channels']} ch, {dev['default_samplerate']:.0f} Hz)"
+            )
+    return lines
+
+
+class MicSource(Source):
+    """A sounddevice input stream; its callback only copies into the bounded queue."""
+
+    def __init__(
+        self, device: str | int | None = None, block_ms: float = 100, queue_pieces: int = 200
+    ):
+        super().__init__(queue_pieces)
+        self.device = int(device) if isinstance(device, str) and device.isdigit() else device
+        self.block_ms = block_ms
+        self.name = f"mic:{device if device is not None else 'default'}"
+        self.stream = None
+        self.rate = SAMPLE_RATE
+
+    def _callback(self, indata, frames, time_info, status) -> None:
+        if status.input_overflow:
+            self.device_overflows += 1
+        self._offer(indata[:, 0].copy())
+
+    def start(self) -> None:
+        import sounddevice as sd
+
+        try:
+            info = sd.query_devices(self.device, kind="input")
+        except (ValueError, sd.PortAudioError) as err:
+            raise DeviceError(f"no usable input device {self.device!r}: {err}") from None
+        for rate in (SAMPLE_RATE, int(info["default_samplerate"])):
+            try:
+                self.stream = sd.InputStream(
+                    device=self.device, samplerate=rate, channels=1, dtype="float32",
+                    blocksize=int(rate * self.block_ms / 1000), callback=self._callback,
+                )  # fmt: skip
+                self.rate = rate
+                break
+            except sd.PortAudioError as err:
+                log.debug("input at %d Hz failed: %s", rate, err)
+        if self.stream is None:
+            raise DeviceError(
+                f"input device {info['name']!r} opens at neither 16 kHz nor its default rate"
+            )
+        self.stream.start()
+
+    def read(self, timeout: float = 0.5) -> np.ndarray | None:
+        piece = super().read(timeout)
+        if piece is not None and self.rate != SAMPLE_RATE:
+            piece = to_mono_16k(piece, self.rate)
+        return piece
+
+    def stop(self) -> None:
+        super().stop()
+        if self.stream is not None:
+            self.stream.stop()
+            self.stream.close()
+            self.stream = None

@@ -1,0 +1,372 @@
+"""Training on the CPU: tokenizers, a feature cache, joint CTC + wait-k translation training.
+
+`prepare` turns a corpus folder into everything training reads (sentencepiece models, a
+float16 feature cache, global statistics); `train` runs resumable steps with checkpoints,
+periodic validation on the evaluation voices, and a JSON-lines log; `export` writes a model
+folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from .audio import load_audio
+from .augment import AugmentConfig, augment_logmel, spec_augment
+from .bundle import Bundle
+from .config import ModelConfig
+from .decoding import CtcState, ctc_greedy_step, translate_segment
+from .features import FeatureStats, LogMel, RunningStats
+from .manifest import read_manifest
+from .model import SpeechTranslator, wait_k_visible_frames
+from .policy import WaitK
+from .text import Tokenizer, normalize_transcript, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 30000  # optimizer steps in all (resume continues towards this)
+    batch_frames: int = 16000  # feature frames per batch, padding included (160 s of audio)
+    lr: float = 1.5e-3  # peak learning rate after warm-up
+    warmup_steps: int = 600  # linear warm-up
+    weight_decay: float = 0.01
+    ctc_weight: float = 1.0  # per-token CTC loss weight
+    mt_weight: float = 1.0  # per-token translation cross-entropy weight
+    label_smoothing: float = 0.1
+    full_context_prob: float = 0.2  # batches trained without the chunk mask
+    grad_clip: float = 5.0
+    val_every: int = 500  # steps between validations
+    ckpt_every: int = 100  # steps between checkpoints
+    val_utterances: int = 60  # val utterances used for validation
+    seed: int = 0
+    threads: int = 2
+
+
+@dataclass
+class Cache:
+    """Features of a split, concatenated: utterance i is feats[offsets[i]:offsets[i+1]]."""
+
+    feats: torch.Tensor  # (N_frames, n_mels) float16, unnormalized log-mel
+    offsets: torch.Tensor  # (U + 1,) int64
+    items: list[dict]  # id, en (token ids), de (token ids), text, translation
+
+    def utterance(self, i: int) -> torch.Tensor:
+        return self.feats[self.offsets[i] : self.offsets[i + 1]].float()
+
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+
+def _cache_paths(work: Path, split: str) -> tuple[Path, Path]:
+    return work / f"features_{split}.safetensors", work / f"items_{split}.jsonl"
+
+
+def build_cache(
+    manifest: Path,
+    work: Path,
+    split: str,
+    cfg: ModelConfig,
+    en: Tokenizer,
+    de: Tokenizer,
+    limit=None,
+) -> Cache:
+    feat_path, item_path = _cache_paths(work, split)
+    if feat_path.exists() and item_path.exists():
+        data = load_file(str(feat_path))
+        items = [json.loads(line) for line in item_path.read_text().splitlines()]
+        return Cache(data["feats"], data["offsets"], items)
+    logmel = LogMel(cfg.feature_config())
+    chunks, offsets, items = [], [0], []
+    for utt in tqdm(read_manifest(manifest, limit), desc=f"features {split}", unit="utt"):
+        frames = logmel(torch.from_numpy(load_audio(utt.audio)))
+        chunks.append(frames.to(torch.float16))
+        offsets.append(offsets[-1] + frames.shape[0])
+        text = normalize_transcript(utt.text or "")
+        items.append(
+            {
+                "id": utt.id,
+                "text": text,
+                "translation": utt.translation,
+                "en": en.encode(text),
+                "de": de.encode(utt.translation or ""),
+            }
+        )
+    cache = Cache(torch.cat(chunks), torch.tensor(offsets), items)
+    save_file({"feats": cache.feats, "offsets": cache.offsets}, str(feat_path))
+    item_path.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
+    return cache
+
+
+def prepare(
+    corpus: Path, work: Path, cfg: ModelConfig, val_limit: int
+) -> tuple[Cache, Cache, FeatureStats, Tokenizer, Tokenizer]:
+    work.mkdir(parents=True, exist_ok=True)
+    train_rows = read_manifest(corpus / "train.jsonl")
+    if not (work / "en.model").exists():
+        train_tokenizer(
+            (normalize_transcript(r.text or "") for r in train_rows), work / "en", cfg.en_vocab
+        )
+    if not (work / "de.model").exists():
+        train_tokenizer((r.translation or "" for r in train_rows), work / "de", cfg.de_vocab)
+    en, de = Tokenizer(work / "en.model"), Tokenizer(work / "de.model")
+    train = build_cache(corpus / "train.jsonl", work, "train", cfg, en, de)
+    val = build_cache(corpus / "val.jsonl", work, "val", cfg, en, de, limit=val_limit)
+    stats_path = work / "feature_stats.safetensors"
+    if not stats_path.exists():
+        running = RunningStats(cfg.n_mels)
+        running.update(train.feats.float())
+        stats = running.result()
+        save_file({"mean": stats.mean, "std": stats.std}, str(stats_path))
+    stats = load_file(str(stats_path))
+    return train, val, FeatureStats(stats["mean"], stats["std"]), en, de
+
+
+def make_batches(lengths: torch.Tensor, batch_frames: int, seed: int) -> list[list[int]]:
+    """Length-sorted buckets under a padded-frame budget, in a seeded random order."""
+    order = sorted(range(len(lengths)), key=lambda i: int(lengths[i]))
+    batches, current = [], []
+    for i in order:
+        if current and (len(current) + 1) * int(lengths[i]) > batch_frames:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    random.Random(seed).shuffle(batches)
+    return batches
+
+
+def _pad(seqs: list[torch.Tensor], value: float = 0) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=value)
+
+
+def collate(
+    cache: Cache,
+    indices: list[int],
+    stats: FeatureStats,
+    aug: AugmentConfig | None,
+    gen: torch.Generator,
+    bos: int,
+    eos: int,
+):
+    feats, en, de_in, de_out = [], [], [], []
+    for i in indices:
+        x = cache.utterance(i)
+        if aug is not None:
+            x = augment_logmel(x, aug, gen)
+        x = stats.normalize(x)
+        if aug is not None:
+            x = spec_augment(x, aug, gen)
+        feats.append(x)
+        en.append(torch.tensor(cache.items[i]["en"], dtype=torch.long))
+        de = cache.items[i]["de"]
+        de_in.append(torch.tensor([bos] + de, dtype=torch.long))
+        de_out.append(torch.tensor(de + [eos], dtype=torch.long))
+    lengths = torch.tensor([f.shape[0] for f in feats])
+    return _pad(feats), lengths, en, _pad(de_in), _pad(de_out)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 5 % of the peak at cfg.steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def loss_on_batch(
+    model: SpeechTranslator, batch, chunk_frames: int, wait_k: int | None, tcfg: TrainConfig
+):
+    feats, lengths, en, de_in, de_out = batch
+    frames, frame_lengths = model.encoder(feats, lengths, chunk_frames)
+    log_probs = model.ctc_log_probs(frames)
+    en_lengths = torch.tensor([len(t) for t in en])
+    ctc = F.ctc_loss(
+        log_probs.transpose(0, 1),
+        torch.cat(en),
+        frame_lengths,
+        en_lengths,
+        blank=0,
+        reduction="sum",
+        zero_infinity=True,
+    ) / en_lengths.sum().clamp_min(1)
+    cfg = model.cfg
+    visible = wait_k_visible_frames(
+        de_in.shape[1], frame_lengths, wait_k, cfg.unit_frames, cfg.tokens_per_unit
+    )
+    logits = model.decoder(de_in, frames, visible)
+    mt = F.cross_entropy(
+        logits.transpose(1, 2), de_out, ignore_index=0, label_smoothing=tcfg.label_smoothing
+    )
+    return ctc, mt
+
+
+def validate(
+    model: SpeechTranslator,
+    val: Cache,
+    stats: FeatureStats,
+    de: Tokenizer,
+    en: Tokenizer,
+    chunk_frames: int,
+) -> dict:
+    """Greedy CTC WER and wait-k BLEU (k=3, inf) on the val slice, streaming-exact decoding."""
+    import jiwer
+    import sacrebleu
+
+    model.eval()
+    hyps, refs = [], []
+    trans: dict[str, list[str]] = {"3": [], "inf": []}
+    with torch.no_grad():
+        for i, item in enumerate(val.items):
+            x = stats.normalize(val.utterance(i))[None]
+            frames, _ = model.encoder(x, torch.tensor([x.shape[1]]), chunk_frames)
+            tokens, _ = ctc_greedy_step(model.ctc_log_probs(frames)[0], CtcState())
+            hyps.append(en.decode([t for t, _ in tokens]))
+            refs.append(item["text"])
+            for name, k in (("3", 3), ("inf", None)):
+                out = translate_segment(
+                    model, frames, WaitK(k, model.cfg.tokens_per_unit), de.bos_id, de.eos_id
+                )
+                trans[name].append(de.decode(out))
+    model.train()
+    de_refs = [item["translation"] or "" for item in val.items]
+    return {
+        "wer": 100 * jiwer.wer(refs, [h if h else "<empty>" for h in hyps]),
+        "bleu_k3": sacrebleu.corpus_bleu(trans["3"], [de_refs]).score,
+        "bleu_inf": sacrebleu.corpus_bleu(trans["inf"], [de_refs]).score,
+        "example": {
+            "ref": refs[0],
+            "hyp": hyps[0],
+            "de_ref": de_refs[0],
+            "de_k3": trans["3"][0],
+            "de_inf": trans["inf"][0],
+        },
+    }
+
+
+def train(corpus: Path, work: Path, cfg: ModelConfig, tcfg: TrainConfig) -> None:
+    torch.set_num_threads(tcfg.threads)
+    torch.manual_seed(tcfg.seed)
+    train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances)
+    model = SpeechTranslator(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+    ckpt_path = work / "checkpoint.pt"
+    step, epoch, position = 0, 0, 0
+    gen = torch.Generator().manual_seed(tcfg.seed)
+    rng = random.Random(tcfg.seed)
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)  # our own file, written below
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        step, epoch, position = ckpt["step"], ckpt["epoch"], ckpt["position"]
+        gen.set_state(ckpt["torch_gen"])
+        rng.setstate(ckpt["py_rng"])
+        log.info("resumed at step %d (epoch %d, batch %d)", step, epoch, position)
+    (work / "config.json").write_text(
+        json.dumps({"model": cfg.to_json(), "train": asdict(tcfg)}, indent=2)
+    )
+    log.info(
+        "model: %.2f M parameters; %d train utterances",
+        model.num_parameters / 1e6,
+        len(train_cache.items),
+    )
+    aug = AugmentConfig()
+    model.train()
+    log_file = open(work / "train_log.jsonl", "a")
+    bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+    lengths = train_cache.lengths()
+    audio_s, t0 = 0.0, time.perf_counter()
+    while step < tcfg.steps:
+        batches = make_batches(lengths, tcfg.batch_frames, tcfg.seed + epoch)
+        while position < len(batches) and step < tcfg.steps:
+            indices = batches[position]
+            chunk = (
+                -1
+                if rng.random() < tcfg.full_context_prob
+                else rng.choice(cfg.chunk_frames_choices)
+            )
+            k = rng.choice(cfg.wait_k_choices)
+            batch = collate(train_cache, indices, stats, aug, gen, de.bos_id, de.eos_id)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, tcfg)
+            ctc, mt = loss_on_batch(model, batch, chunk, k or None, tcfg)
+            loss = tcfg.ctc_weight * ctc + tcfg.mt_weight * mt
+            opt.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+            opt.step()
+            step, position = step + 1, position + 1
+            audio_s += int(batch[1].sum()) / 100
+            speed = audio_s / (time.perf_counter() - t0)
+            bar.update(1)
+            bar.set_postfix(
+                ctc=f"{ctc.item():.3f}", mt=f"{mt.item():.3f}", audio_s_per_s=f"{speed:.0f}"
+            )
+            record = {
+                "step": step,
+                "ctc": round(ctc.item(), 4),
+                "mt": round(mt.item(), 4),
+                "lr": lr_at(step, tcfg),
+                "grad_norm": round(float(grad_norm), 3),
+                "audio_s_per_s": round(speed, 1),
+                "time": time.time(),
+            }
+            if step % tcfg.val_every == 0 or step == tcfg.steps:
+                record["val"] = validate(
+                    model, val_cache, stats, de, en, chunk_frames=cfg.chunk_frames(320)
+                )
+                log.info("step %d val %s", step, record["val"])
+            log_file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            log_file.flush()
+            if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+                _save_checkpoint(ckpt_path, model, opt, step, epoch, position, gen, rng)
+        if position >= len(batches):
+            epoch, position = epoch + 1, 0
+    bar.close()
+
+
+def _save_checkpoint(path: Path, model, opt, step, epoch, position, gen, rng) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "epoch": epoch,
+            "position": position,
+            "torch_gen": gen.get_state(),
+            "py_rng": rng.getstate(),
+        },
+        tmp,
+    )
+    tmp.replace(path)  # a kill mid-write leaves the previous checkpoint intact
+
+
+def export(work: Path, out: Path) -> Path:
+    """Write a model folder from the work folder's latest checkpoint."""
+    saved = json.loads((work / "config.json").read_text())
+    cfg = ModelConfig.from_json(saved["model"])
+    model = SpeechTranslator(cfg)
+    model.load_state_dict(torch.load(work / "checkpoint.pt", weights_only=False)["model"])
+    stats = load_file(str(work / "feature_stats.safetensors"))
+    bundle = Bundle(
+        cfg,
+        model.eval(),
+        FeatureStats(stats["mean"], stats["std"]),
+        Tokenizer(work / "en.model"),
+        Tokenizer(work / "de.model"),
+    )
+    bundle.save(out)
+    return out

@@ -1,0 +1,91 @@
+"""TTS voices: names, the training pool, the evaluation voices, and the reserved ones.
+
+A voice is named `engine:voice`, e.g. `espeak:en-gb-x-rp+f3`, `flite:rms`,
+`festival:ked_diphone`. See ../shared/DATA.md for why some voices are reserved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ENGINES = ("espeak", "flite", "festival")
+
+ESPEAK_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-029")
+# Variant files of espeak-ng's `!v` folder that sound like speech (robots and whispers left out).
+ESPEAK_VARIANTS = (
+    "m1 m2 m3 m4 m5 m6 f1 f2 f3 f4 klatt klatt2 klatt3 klatt4 klatt5 klatt6 "
+    "Alex Andy Annie Denis Gene Jacky Lee Mario Michael Mike adam anika aunty belinda "
+    "benjamin boris caleb david ed edward grandma grandpa iven john linda max michel "
+    "norbert paul pedro quincy rob robert steph travis victor zac"
+).split()
+
+TRAIN_FLITE = ("kal16", "rms")
+TRAIN_FESTIVAL = ("ked_diphone", "kal_diphone")
+
+# Voices kept for evaluation: usable for dev/test sets, never for training.
+EVAL_VOICES = ("flite:awb", "festival:cmu_us_slt_arctic_hts")
+# Kept for external evaluation: never used at all.
+EXTERNAL_ESPEAK_ACCENTS = ("en-us-nyc", "en-gb-x-gbcwmd")
+EXTERNAL_ESPEAK_VARIANTS = ("m7", "m8", "f5")
+EXTERNAL_VOICES = ("flite:slt",)
+
+
+class VoiceError(ValueError):
+    """A voice name that is malformed or may not be used where it was asked for."""
+
+
+@dataclass(frozen=True)
+class Voice:
+    engine: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.engine}:{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> Voice:
+        engine, sep, name = text.strip().partition(":")
+        if not sep or not name or engine not in ENGINES:
+            raise VoiceError(f"bad voice {text!r}: expected ENGINE:VOICE with ENGINE in {ENGINES}")
+        return cls(engine, name)
+
+    @property
+    def is_external(self) -> bool:
+        """Reserved for external evaluation: must not be used at all."""
+        if str(self) in EXTERNAL_VOICES:
+            return True
+        if self.engine != "espeak":
+            return False
+        accent, _, variant = self.name.partition("+")
+        return accent in EXTERNAL_ESPEAK_ACCENTS or variant in EXTERNAL_ESPEAK_VARIANTS
+
+    @property
+    def is_reserved(self) -> bool:
+        """Never to be trained on: evaluation voices and external ones."""
+        return self.is_external or str(self) in EVAL_VOICES
+
+
+def default_train_pool() -> dict[str, list[Voice]]:
+    """Training voices grouped by engine, so that engines can be weighted against each other."""
+    return {
+        "espeak": [Voice("espeak", f"{a}+{v}") for a in ESPEAK_ACCENTS for v in ESPEAK_VARIANTS],
+        "flite": [Voice("flite", v) for v in TRAIN_FLITE],
+        "festival": [Voice("festival", v) for v in TRAIN_FESTIVAL],
+    }
+
+
+def parse_train_voices(text: str) -> dict[str, list[Voice]]:
+    """`--voices` for the train split: refuses every reserved voice."""
+    pool: dict[str, list[Voice]] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        voice = Voice.parse(item)
+        if voice.is_reserved:
+            raise VoiceError(f"voice {voice} is reserved for evaluation and cannot be trained on")
+        pool.setdefault(voice.engine, []).append(voice)
+    if not pool:
+        raise VoiceError("--voices is empty: expected ENGINE:VOICE,...")
+    return pool
+
+
+def eval_voices() -> list[Voice]:
+    return [Voice.parse(v) for v in EVAL_VOICES]

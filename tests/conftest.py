@@ -1,0 +1,126 @@
+"""Shared fixtures: tiny seeded models and tiny synthetic audio, no ../shared needed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamasr.config import ModelConfig
+
+
+@pytest.fixture
+def tiny_config() -> ModelConfig:
+    return ModelConfig(
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        encoder_layers=2,
+        conv_kernel=5,
+        left_context_frames=8,
+        decoder_layers=2,
+        en_vocab=40,
+        de_vocab=50,
+        max_target_tokens=64,
+        dropout=0.0,
+    )
+
+
+@pytest.fixture
+def tiny_model(tiny_config):
+    from streamasr.model import SpeechTranslator
+
+    torch.manual_seed(0)
+    return SpeechTranslator(tiny_config).eval()
+
+
+def make_tone() -> np.ndarray:
+    """2.3 s of tones hopping every 80 ms, with noise: varied but deterministic 16 kHz audio."""
+    rng = np.random.default_rng(0)
+    t = np.arange(int(2.3 * 16000)) / 16000
+    freq = np.repeat(rng.uniform(150, 3000, size=t.size // 1280 + 1), 1280)[: t.size]
+    signal = 0.3 * np.sin(2 * np.pi * np.cumsum(freq) / 16000) + 0.02 * rng.standard_normal(t.size)
+    return signal.astype(np.float32)
+
+
+@pytest.fixture
+def tone() -> np.ndarray:
+    return make_tone()
+
+
+def calibrate_ctc_head(model, stats) -> None:
+    """Make a random model's CTC labels follow its input: blank on silence, varied on sound.
+
+    A random encoder's outputs differ little from frame to frame; the head is centred on their
+    mean and scaled, and its blank row points from sound towards silence.
+    """
+    from streamasr.features import LogMel
+
+    def encode(audio):
+        feats = stats.normalize(LogMel()(torch.from_numpy(audio)))[None]
+        return model.encoder(feats, torch.tensor([feats.shape[1]]), 4)[0][0]
+
+    with torch.no_grad():
+        sound, silence = encode(make_tone()), encode(np.zeros(16000, np.float32))
+        mean_sound, mean_silence = sound.mean(0), silence.mean(0)
+        spread = (sound - mean_sound).norm(dim=-1).mean()
+        weight = torch.randn(model.ctc_head.weight.shape, generator=torch.Generator().manual_seed(0))
+        weight *= 4 / spread / weight.shape[1] ** 0.5
+        to_silence = mean_silence - mean_sound
+        weight[0] = 8 * to_silence / to_silence.norm() ** 2
+        model.ctc_head.weight.copy_(weight)
+        model.ctc_head.bias.copy_(-weight @ mean_sound)
+        model.ctc_head.bias[0] -= 4.0
+
+
+SENTENCES_EN = [
+    "a man in an orange hat starring at something",
+    "two dogs play in the snow",
+    "a little girl climbs into a wooden playhouse",
+    "people are walking down a busy street",
+    "a woman is sitting on a bench reading a book",
+    "the boy jumps into the blue water",
+    "several men in hard hats are working",
+    "a black dog runs across the green grass",
+] * 4
+SENTENCES_DE = [
+    "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+    "Zwei Hunde spielen im Schnee.",
+    "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.",
+    "Leute gehen eine belebte Straße entlang.",
+    "Eine Frau sitzt auf einer Bank und liest ein Buch.",
+    "Der Junge springt ins blaue Wasser.",
+    "Mehrere Männer mit Schutzhelmen arbeiten.",
+    "Ein schwarzer Hund rennt über das grüne Gras.",
+] * 4
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle_dir(tmp_path_factory):
+    """A complete model folder with random weights and real (tiny) tokenizers."""
+    from streamasr.bundle import Bundle
+    from streamasr.config import ModelConfig
+    from streamasr.features import FeatureStats
+    from streamasr.model import SpeechTranslator
+    from streamasr.text import train_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_model")
+    en = train_tokenizer(SENTENCES_EN, folder / "en", 40)
+    de = train_tokenizer(SENTENCES_DE, folder / "de", 60)
+    cfg = ModelConfig(
+        d_model=32, n_heads=2, d_ff=64, encoder_layers=2, conv_kernel=5, left_context_frames=16,
+        decoder_layers=2, en_vocab=len(en), de_vocab=len(de), max_target_tokens=64, dropout=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = SpeechTranslator(cfg).eval()
+    stats = FeatureStats(mean=torch.full((80,), -8.0), std=torch.full((80,), 4.0))
+    calibrate_ctc_head(model, stats)
+    Bundle(cfg, model, stats, en, de).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_bundle_dir):
+    from streamasr.bundle import load_bundle
+
+    return load_bundle(tiny_bundle_dir)

@@ -1,0 +1,68 @@
+"""The session: piece-size invariance, event invariants, segments, flat state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamasr.session import Session, SessionOptions
+
+
+def run(bundle, audio, piece_samples, **options):
+    session = Session(bundle, SessionOptions(**options), stream="t")
+    events = []
+    for start in range(0, len(audio), piece_samples):
+        events += session.accept(audio[start : start + piece_samples])
+    events += session.finish()
+    return session, events
+
+
+def texts(events):
+    return [(e.segment, e.type, e.text, e.final) for e in events]
+
+
+@pytest.mark.parametrize("wait_k", [1, 3, None])
+def test_output_does_not_depend_on_piece_size(tiny_bundle, tone, wait_k):
+    audio = np.concatenate([tone, np.zeros(16000, np.float32), tone])
+    results = [texts(run(tiny_bundle, audio, n, wait_k=wait_k)[1]) for n in (160, 16000, len(audio))]
+    assert results[0] == results[1] == results[2]
+    assert any(t == "transcript" and text for _, t, text, _ in results[0])
+
+
+def test_events_are_ordered_and_segments_closed(tiny_bundle, tone):
+    audio = np.concatenate([tone, np.zeros(24000, np.float32), tone])
+    session, events = run(tiny_bundle, audio, 1600, wait_k=2)
+    assert events, "expected events from the tiny model"
+    delays = [e.delay_ms for e in events]
+    assert delays == sorted(delays)
+    assert all(e.elapsed_ms >= e.delay_ms for e in events)
+    assert delays[-1] <= len(audio) / 16
+    for seg in {e.segment for e in events}:
+        for kind in ("transcript", "translation"):
+            finals = [e for e in events if e.segment == seg and e.type == kind and e.final]
+            assert len(finals) == 1, (seg, kind)
+    # concatenated deltas equal the closed segments' text
+    for seg in session.segments:
+        words = " ".join(e.text for e in events if e.segment == seg.index and e.type == "transcript" and e.text)
+        assert words == seg.transcript
+
+
+@pytest.mark.parametrize("chunk_ms", [160, 640])
+def test_other_chunk_sizes_run(tiny_bundle, tone, chunk_ms):
+    _, events = run(tiny_bundle, tone, 4000, chunk_ms=chunk_ms, wait_k=3)
+    assert events[-1].final
+
+
+def test_bad_chunk_size_is_rejected(tiny_bundle):
+    with pytest.raises(ValueError, match="multiple of 80"):
+        Session(tiny_bundle, SessionOptions(chunk_ms=100))
+
+
+def test_state_stays_bounded_on_long_stream(tiny_bundle, tone):
+    audio = np.tile(np.concatenate([tone, np.zeros(16000, np.float32)]), 6)  # ~20 s
+    session, _ = run(tiny_bundle, audio, 8000, wait_k=3, max_segment_ms=2000)
+    lookback = tiny_bundle.config.left_context_frames
+    assert all(layer.keys.shape[2] <= lookback for layer in session.encoder_state.layers)
+    assert session.pending_feats.shape[0] < session.feature_frames_per_chunk
+    assert len(session.segments) >= 5  # the decoder is reset at least every 2 s of audio
+    assert session.translator_state.decoder.layers[0].cross_keys.shape[2] <= 2000 // 80 + 8
