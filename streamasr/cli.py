@@ -290,6 +290,66 @@ def cmd_live(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wait_k_list(text: str) -> list[int | None]:
+    values = [_wait_k(item) for item in text.split(",") if item.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected a comma-separated list such as 1,3,5,inf")
+    return values
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    ev = sub.add_parser("eval", help="wait-k latency/quality evaluation over a manifest")
+    ev.add_argument(
+        "manifest", type=Path, help="JSON Lines manifest (id, audio, text, translation)"
+    )
+    ev.add_argument("--model", type=Path, help="model folder (default: the shipped models/base)")
+    ev.add_argument(
+        "--wait-k", type=_wait_k_list, default=[1, 3, 5, None], help="default 1,3,5,inf"
+    )
+    ev.add_argument(
+        "--chunk-ms", type=_positive_int, default=320, help="encoder chunk (default 320)"
+    )
+    ev.add_argument("--limit", type=_positive_int, help="first N utterances only")
+    ev.add_argument(
+        "--out", type=Path, default=Path("runs/eval"), help="output folder (default runs/eval)"
+    )
+    ev.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .bundle import DEFAULT_MODEL_DIR, load_bundle
+    from .evaluate import COLUMNS, evaluate, table_rows, write_outputs
+    from .manifest import read_manifest
+
+    utterances = read_manifest(args.manifest, args.limit)
+    if not utterances:
+        raise UsageError(f"{args.manifest}: no utterances")
+    missing = [u.audio for u in utterances if not u.audio.is_file()]
+    if missing:
+        raise UsageError(f"{args.manifest}: {len(missing)} audio files missing, first {missing[0]}")
+    bundle = load_bundle(args.model)
+    try:
+        bundle.config.chunk_frames(args.chunk_ms)
+    except ValueError as err:
+        raise UsageError(f"--chunk-ms: {err}") from None
+    runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms)
+    model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
+    write_outputs(args.out, model_name, args.chunk_ms, runs, instances)
+    table = Table(
+        title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"
+    )
+    for column in COLUMNS:
+        table.add_column(column, justify="right")
+    for row in table_rows(runs):
+        table.add_row(*row)
+    Console().print(table)
+    print(f"wrote {args.out}/summary.json, instances.jsonl, latency_quality.png")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamasr",
@@ -300,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data(sub)
     _add_train(sub)
     _add_stream_commands(sub)
+    _add_eval(sub)
     return parser
 
 

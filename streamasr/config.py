@@ -14,9 +14,9 @@ class ModelConfig:
     n_mels: int = 80  # input feature bins
     feature_hop_ms: int = 10  # feature frame shift
     subsampling_layers: int = 3  # stride-2 causal convs: 2**3 = 8x -> 80 ms encoder frames
-    d_model: int = 256  # width of encoder and decoder
+    d_model: int = 192  # width of encoder and decoder
     n_heads: int = 4  # attention heads
-    d_ff: int = 1024  # feed-forward hidden width
+    d_ff: int = 768  # feed-forward hidden width
     encoder_layers: int = 6  # Conformer-style blocks
     conv_kernel: int = 7  # causal depthwise kernel (encoder frames)
     left_context_frames: int = 48  # lookback of chunked attention, encoder frames

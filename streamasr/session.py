@@ -81,6 +81,9 @@ class VirtualClock:
         self._begin_ms = 0.0
         self._t0 = 0.0
 
+    def first_audio(self, duration_ms: float) -> None:
+        pass
+
     def start_chunk(self, audio_end_ms: float) -> None:
         self._begin_ms = max(audio_end_ms, self.free_at_ms)
         self._t0 = time.perf_counter()
@@ -93,15 +96,22 @@ class VirtualClock:
 
 
 class WallClock:
-    """Elapsed time measured from the stream's start on the wall clock."""
+    """Elapsed time on the wall clock, from the moment the stream's first audio was captured."""
 
     def __init__(self) -> None:
-        self.t0 = time.perf_counter()
+        self.t0: float | None = None
+
+    def first_audio(self, duration_ms: float) -> None:
+        """The first piece just arrived; it was being recorded for duration_ms before that."""
+        if self.t0 is None:
+            self.t0 = time.perf_counter() - duration_ms / 1000
 
     def start_chunk(self, audio_end_ms: float) -> None:
         pass
 
     def now_ms(self) -> float:
+        if self.t0 is None:
+            return 0.0
         return (time.perf_counter() - self.t0) * 1000
 
     def end_chunk(self) -> None:
@@ -192,6 +202,7 @@ class Session:
         """Feed a piece of audio (any length); returns the events it caused."""
         if self.finished:
             raise RuntimeError("accept() after finish(): start a new Session")
+        self.clock.first_audio(len(samples) / SAMPLES_PER_MS)
         self.samples_in += len(samples)
         frames, self.feature_state = self.features.step(
             torch.from_numpy(np.asarray(samples, dtype=np.float32)), self.feature_state

@@ -155,6 +155,7 @@ class MicSource(Source):
                 f"input device {info['name']!r} opens at neither 16 kHz nor its default rate"
             )
         self.stream.start()
+        log.info("listening on %s at %d Hz", info["name"], self.rate)
 
     def read(self, timeout: float = 0.5) -> np.ndarray | None:
         piece = super().read(timeout)

@@ -40,7 +40,7 @@ class TrainConfig:
     steps: int = 30000  # optimizer steps in all (resume continues towards this)
     batch_frames: int = 16000  # feature frames per batch, padding included (160 s of audio)
     lr: float = 1.5e-3  # peak learning rate after warm-up
-    warmup_steps: int = 600  # linear warm-up
+    warmup_steps: int = 400  # linear warm-up
     weight_decay: float = 0.01
     ctc_weight: float = 1.0  # per-token CTC loss weight
     mt_weight: float = 1.0  # per-token translation cross-entropy weight

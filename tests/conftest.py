@@ -64,7 +64,9 @@ def calibrate_ctc_head(model, stats) -> None:
         sound, silence = encode(make_tone()), encode(np.zeros(16000, np.float32))
         mean_sound, mean_silence = sound.mean(0), silence.mean(0)
         spread = (sound - mean_sound).norm(dim=-1).mean()
-        weight = torch.randn(model.ctc_head.weight.shape, generator=torch.Generator().manual_seed(0))
+        weight = torch.randn(
+            model.ctc_head.weight.shape, generator=torch.Generator().manual_seed(0)
+        )
         weight *= 4 / spread / weight.shape[1] ** 0.5
         to_silence = mean_silence - mean_sound
         weight[0] = 8 * to_silence / to_silence.norm() ** 2

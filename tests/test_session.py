@@ -24,7 +24,9 @@ def texts(events):
 @pytest.mark.parametrize("wait_k", [1, 3, None])
 def test_output_does_not_depend_on_piece_size(tiny_bundle, tone, wait_k):
     audio = np.concatenate([tone, np.zeros(16000, np.float32), tone])
-    results = [texts(run(tiny_bundle, audio, n, wait_k=wait_k)[1]) for n in (160, 16000, len(audio))]
+    results = [
+        texts(run(tiny_bundle, audio, n, wait_k=wait_k)[1]) for n in (160, 16000, len(audio))
+    ]
     assert results[0] == results[1] == results[2]
     assert any(t == "transcript" and text for _, t, text, _ in results[0])
 
@@ -43,7 +45,9 @@ def test_events_are_ordered_and_segments_closed(tiny_bundle, tone):
             assert len(finals) == 1, (seg, kind)
     # concatenated deltas equal the closed segments' text
     for seg in session.segments:
-        words = " ".join(e.text for e in events if e.segment == seg.index and e.type == "transcript" and e.text)
+        words = " ".join(
+            e.text for e in events if e.segment == seg.index and e.type == "transcript" and e.text
+        )
         assert words == seg.transcript
 
 

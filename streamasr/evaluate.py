@@ -1,0 +1,280 @@
+"""Wait-k evaluation: the user's Session over a manifest, quality and latency per k.
+
+Quality: WER (jiwer, normalized transcripts), BLEU and chrF (sacrebleu, detokenized, cased).
+Latency: SimulEval's word-level AL, LAAL, DAL, AP, StartOffset, EndOffset from `delay_ms`,
+their compute-aware twins from `elapsed_ms`, the transcript's emission delay per word
+(emitted - word end in the audio), and the real-time factor.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import sacrebleu
+import torch
+import torchaudio.functional as AF
+from tqdm import tqdm
+
+from .audio import load_audio
+from .bundle import Bundle
+from .features import LogMel
+from .manifest import Utterance
+from .metrics import corpus_latency
+from .runner import run_stream
+from .session import Session, SessionOptions
+from .sources import FileSource
+from .text import normalize_transcript
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    wait_k: int | str
+    transcript: str
+    translation: str
+    text_ref: str | None
+    translation_ref: str | None
+    source_ms: float
+    delays_ms: list[float]
+    elapsed_ms: list[float]
+    transcript_word_ms: list[float]
+    compute_ms: float
+    emission_delays_ms: list[float]  # per matched transcript word: emitted - word end
+
+
+def word_ends_ms(bundle: Bundle, audio: np.ndarray, text: str) -> list[float]:
+    """End time of each reference word, by CTC forced alignment on full-context output."""
+    words = normalize_transcript(text).split()
+    if not words:
+        return []
+    tokens_per_word = [bundle.en.encode(w) for w in words]
+    targets = torch.tensor([[t for toks in tokens_per_word for t in toks]])
+    feats = bundle.stats.normalize(LogMel(bundle.config.feature_config())(torch.from_numpy(audio)))[
+        None
+    ]
+    with torch.inference_mode():
+        frames, lengths = bundle.model.encoder(
+            feats, torch.tensor([feats.shape[1]]), chunk_frames=-1
+        )
+        log_probs = bundle.model.ctc_log_probs(frames)
+    if targets.shape[1] == 0 or targets.shape[1] > log_probs.shape[1]:
+        return []
+    labels, _ = AF.forced_align(log_probs, targets, blank=0)
+    spans = AF.merge_tokens(labels[0], torch.zeros(labels.shape[1]))
+    ends, index = [], 0
+    for toks in tokens_per_word:
+        index += len(toks)
+        ends.append(spans[index - 1].end * bundle.config.frame_ms)
+    return ends
+
+
+def emission_delays(
+    hyp_words: list[str], hyp_ms: list[float], ref_words: list[str], ref_end_ms: list[float]
+) -> list[float]:
+    """Emission delay of each hypothesis word that matches its aligned reference word."""
+    if not hyp_words or not ref_words or len(ref_end_ms) != len(ref_words):
+        return []
+    out = jiwer.process_words(" ".join(ref_words), " ".join(hyp_words))
+    delays = []
+    for chunk in out.alignments[0]:
+        if chunk.type == "equal":
+            for offset in range(chunk.ref_end_idx - chunk.ref_start_idx):
+                delays.append(
+                    hyp_ms[chunk.hyp_start_idx + offset] - ref_end_ms[chunk.ref_start_idx + offset]
+                )
+    return delays
+
+
+def run_instance(
+    bundle: Bundle, utt: Utterance, wait_k: int | None, chunk_ms: int, ref_ends: list[float]
+) -> Instance:
+    source = FileSource(utt.audio)
+    translate = utt.translation is not None
+    options = SessionOptions(chunk_ms=chunk_ms, translate=translate, wait_k=wait_k)
+    session = Session(bundle, options, stream=utt.id, clock="virtual")
+    run_stream(session, source, lambda events: None)
+    hyp_words = [w.text for w in session.transcript_words]
+    hyp_ms = [w.delay_ms for w in session.transcript_words]
+    ref_words = normalize_transcript(utt.text or "").split()
+    return Instance(
+        id=utt.id,
+        wait_k="inf" if wait_k is None else wait_k,
+        transcript=" ".join(hyp_words),
+        translation=" ".join(w.text for w in session.translation_words),
+        text_ref=utt.text,
+        translation_ref=utt.translation,
+        source_ms=source.duration_ms,
+        delays_ms=[w.delay_ms for w in session.translation_words],
+        elapsed_ms=[w.elapsed_ms for w in session.translation_words],
+        transcript_word_ms=hyp_ms,
+        compute_ms=sum(session.chunk_compute_ms),
+        emission_delays_ms=emission_delays(
+            normalize_transcript(" ".join(hyp_words)).split(), hyp_ms, ref_words, ref_ends
+        )
+        if len(normalize_transcript(" ".join(hyp_words)).split()) == len(hyp_words)
+        else [],
+    )
+
+
+def summarize(instances: list[Instance], wait_k: int | str) -> dict:
+    with_text = [i for i in instances if i.text_ref is not None]
+    refs = [normalize_transcript(i.text_ref) for i in with_text]
+    hyps = [normalize_transcript(i.transcript) for i in with_text]
+    wer = 100 * jiwer.wer(refs, hyps) if refs else None
+    run: dict = {"wait_k": wait_k, "wer": wer, "bleu": None, "chrf": None}
+    with_translation = [i for i in instances if i.translation_ref is not None]
+    if with_translation:
+        hyp_de = [i.translation for i in with_translation]
+        ref_de = [[i.translation_ref for i in with_translation]]
+        run["bleu"] = sacrebleu.corpus_bleu(hyp_de, ref_de).score
+        run["chrf"] = sacrebleu.corpus_chrf(hyp_de, ref_de).score
+    plain = corpus_latency(
+        [(i.delays_ms, i.source_ms, i.translation_ref) for i in with_translation]
+    )
+    aware = corpus_latency(
+        [(i.elapsed_ms, i.source_ms, i.translation_ref) for i in with_translation]
+    )
+    run.update(plain)
+    run.update({f"{name}_CA": aware[name] for name in ("AL", "LAAL", "DAL")})
+    delays = [d for i in instances for d in i.emission_delays_ms]
+    run["asr_delay_ms"] = (
+        {
+            "mean": statistics.fmean(delays),
+            "p50": float(np.percentile(delays, 50)),
+            "p90": float(np.percentile(delays, 90)),
+        }
+        if delays
+        else {"mean": None, "p50": None, "p90": None}
+    )
+    audio_ms = sum(i.source_ms for i in instances)
+    run["rtf"] = sum(i.compute_ms for i in instances) / audio_ms if audio_ms else None
+    return run
+
+
+def evaluate(
+    bundle: Bundle, utterances: list[Utterance], wait_ks: list[int | None], chunk_ms: int
+) -> tuple[list[dict], list[Instance]]:
+    """Every (utterance, k) through a fresh Session; returns the per-k runs and all instances."""
+    ref_ends = {}
+    for utt in tqdm(utterances, desc="aligning references", unit="utt", leave=False):
+        ref_ends[utt.id] = word_ends_ms(bundle, load_audio(utt.audio), utt.text) if utt.text else []
+    runs, everything = [], []
+    total = len(utterances) * len(wait_ks)
+    with tqdm(total=total, desc="eval", unit="utt") as bar:
+        for k in wait_ks:
+            instances = []
+            for utt in utterances:
+                instances.append(run_instance(bundle, utt, k, chunk_ms, ref_ends[utt.id]))
+                bar.update(1)
+            runs.append(summarize(instances, "inf" if k is None else k))
+            everything += instances
+    return runs, everything
+
+
+def instance_json(ins: Instance) -> dict:
+    return {
+        "id": ins.id, "wait_k": ins.wait_k, "transcript": ins.transcript, "translation": ins.translation,
+        "text_ref": ins.text_ref, "translation_ref": ins.translation_ref, "source_ms": ins.source_ms,
+        "delays_ms": ins.delays_ms, "elapsed_ms": [round(e, 1) for e in ins.elapsed_ms],
+        "transcript_word_ms": ins.transcript_word_ms,
+    }  # fmt: skip
+
+
+def write_outputs(
+    out: Path, model: str, chunk_ms: int, runs: list[dict], instances: list[Instance]
+) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "instances.jsonl", "w", encoding="utf-8") as f:
+        for ins in instances:
+            f.write(json.dumps(instance_json(ins), ensure_ascii=False) + "\n")
+    summary = {"model": model, "chunk_ms": chunk_ms, "runs": runs}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_latency_quality(runs, out / "latency_quality.png", f"{model}, {chunk_ms} ms chunks")
+    return summary
+
+
+def plot_latency_quality(runs: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    points = [r for r in runs if r["bleu"] is not None and r["AL"] is not None]
+    for metric, marker in (("AL", "o"), ("LAAL", "s")):
+        ax.plot(
+            [r[metric] for r in points], [r["bleu"] for r in points], marker=marker, label=metric
+        )
+        for r in points:
+            ax.annotate(
+                f"k={r['wait_k']}",
+                (r[metric], r["bleu"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=8,
+            )
+    ax.set_xlabel("latency (ms of source audio)")
+    ax.set_ylabel("BLEU")
+    ax.set_title(f"translation: BLEU vs latency\n{title}", fontsize=10)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    labels = [str(r["wait_k"]) for r in runs]
+    wer = [r["wer"] if r["wer"] is not None else 0 for r in runs]
+    delay = [r["asr_delay_ms"]["mean"] or 0 for r in runs]
+    ax2.bar(labels, wer, color="tab:gray", label="WER %")
+    ax2.set_xlabel("wait-k")
+    ax2.set_ylabel("WER %")
+    twin = ax2.twinx()
+    twin.plot(labels, delay, "r.-", label="transcript emission delay (ms)")
+    twin.set_ylabel("mean emission delay (ms)")
+    ax2.set_title("transcript: WER and emission delay", fontsize=10)
+    fig.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+COLUMNS = (
+    "wait_k",
+    "wer",
+    "bleu",
+    "chrf",
+    "AL",
+    "LAAL",
+    "DAL",
+    "AP",
+    "StartOffset",
+    "EndOffset",
+    "AL_CA",
+    "LAAL_CA",
+    "DAL_CA",
+    "asr_delay",
+    "rtf",
+)
+
+
+def table_rows(runs: list[dict]) -> list[list[str]]:
+    def fmt(value, digits=1):
+        return (
+            "-"
+            if value is None
+            else (f"{value:.{digits}f}" if isinstance(value, float) else str(value))
+        )
+
+    rows = []
+    for r in runs:
+        row = [fmt(r[c], 3 if c in ("AP", "rtf") else 1) for c in COLUMNS if c != "asr_delay"]
+        row.insert(COLUMNS.index("asr_delay"), fmt(r["asr_delay_ms"]["mean"], 0))
+        rows.append(row)
+    return rows
+
+
+def markdown_table(runs: list[dict]) -> str:
+    header = "| " + " | ".join(COLUMNS) + " |"
+    rule = "|" + "---|" * len(COLUMNS)
+    return "\n".join([header, rule] + ["| " + " | ".join(row) + " |" for row in table_rows(runs)])

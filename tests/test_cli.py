@@ -1,0 +1,132 @@
+"""`streamasr transcribe` end to end with a tiny model: formats, clocks, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from streamasr.cli import main
+
+
+@pytest.fixture
+def wav(tmp_path, tone):
+    path = tmp_path / "talk.wav"
+    sf.write(path, np.concatenate([tone, np.zeros(8000, np.float32), tone]), 16000)
+    return path
+
+
+def transcribe(capsys, *args):
+    code = main(["transcribe", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_jsonl_events_follow_the_contract(capsys, wav, tiny_bundle_dir):
+    code, out, _ = transcribe(
+        capsys, wav, "--model", tiny_bundle_dir, "--translate", "--format", "jsonl"
+    )
+    assert code == 0
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events
+    keys = {"stream", "segment", "type", "text", "final", "delay_ms", "elapsed_ms"}
+    assert all(set(e) == keys for e in events)
+    assert {e["type"] for e in events} == {"transcript", "translation"}
+    delays = [e["delay_ms"] for e in events]
+    assert delays == sorted(delays) and all(e["elapsed_ms"] >= e["delay_ms"] for e in events)
+    assert events[-1]["final"]
+
+
+def test_virtual_and_wall_clock_give_the_same_text(capsys, tmp_path, tone, tiny_bundle_dir):
+    short = tmp_path / "short.wav"
+    sf.write(short, tone[:16000], 16000)
+    texts = []
+    for clock in ("virtual", "wall"):
+        code, out, _ = transcribe(
+            capsys, short, "--model", tiny_bundle_dir, "--clock", clock, "--format", "jsonl"
+        )
+        assert code == 0
+        texts.append(
+            [(e["type"], e["text"], e["final"]) for e in map(json.loads, out.splitlines())]
+        )
+    assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("kind", ["srt", "vtt"])
+def test_subtitles_are_valid(capsys, wav, tiny_bundle_dir, kind, tmp_path):
+    out_file = tmp_path / f"out.{kind}"
+    code, _, _ = transcribe(
+        capsys, wav, "--model", tiny_bundle_dir, "--translate", "--format", kind, "-o", out_file
+    )
+    assert code == 0
+    text = out_file.read_text()
+    sep = "," if kind == "srt" else r"\."
+    stamp = rf"\d\d:\d\d:\d\d{sep}\d\d\d"
+    cues = re.findall(rf"({stamp}) --> ({stamp})", text)
+    assert cues, text
+    assert all(start < end for start, end in cues)
+    if kind == "vtt":
+        assert text.startswith("WEBVTT\n\n")
+    else:
+        assert text.startswith("1\n")
+
+
+def test_several_files_and_text_output(capsys, wav, tmp_path, tiny_bundle_dir):
+    other = tmp_path / "other.flac"
+    sf.write(other, np.zeros(16000, np.float32), 48000)  # 48 kHz, silence
+    code, out, _ = transcribe(capsys, wav, other, "--model", tiny_bundle_dir)
+    assert code == 0
+    assert f"{wav}:" in out
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: None, "no such file"),
+        (lambda p: p.write_text("hello"), "not a readable audio file"),
+        (lambda p: sf.write(p, np.zeros(0, np.float32), 16000), "no audio samples"),
+    ],
+)
+def test_bad_audio_is_one_line_and_nonzero(capsys, tmp_path, tiny_bundle_dir, make, message):
+    path = tmp_path / "bad.wav"
+    make(path)
+    code, _, err = transcribe(capsys, path, "--model", tiny_bundle_dir)
+    assert code != 0
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_odd_formats_are_converted(capsys, tmp_path, tone, tiny_bundle_dir):
+    stereo8k = tmp_path / "s.wav"
+    sf.write(stereo8k, np.stack([tone[::2], tone[::2]], 1), 8000)
+    tiny = tmp_path / "tiny.wav"
+    sf.write(tiny, tone[:1600], 16000)  # 0.1 s: shorter than one chunk
+    for path in (stereo8k, tiny):
+        code, _, err = transcribe(capsys, path, "--model", tiny_bundle_dir, "--format", "jsonl")
+        assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--wait-k", "0"], "wait-k"),
+        (["--wait-k", "soon"], "wait-k"),
+        (["--chunk-ms", "100"], "chunk-ms"),
+        (["--format", "pdf"], "invalid choice"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(capsys, wav, tiny_bundle_dir, args, message):
+    try:  # argparse exits; errors found after parsing return a status
+        code = main(["transcribe", str(wav), "--model", str(tiny_bundle_dir), *args])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_missing_model_folder(capsys, wav, tmp_path):
+    code, _, err = transcribe(capsys, wav, "--model", tmp_path / "nothing")
+    assert code == 2 and "not a model folder" in err

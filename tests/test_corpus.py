@@ -1,0 +1,100 @@
+"""The corpus builder: manifest schema, determinism, resume, reserved voices."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from streamasr.cli import main
+from streamasr.voices import Voice, default_train_pool
+
+needs_tts = pytest.mark.skipif(
+    not (shutil.which("espeak-ng") and shutil.which("sox") and shutil.which("flite")),
+    reason="TTS engines not installed (make test installs them)",
+)
+
+EN = ["A dog runs on the beach.", "Two men are talking.", "A girl in a red coat.", "People walk."]
+DE = [
+    "Ein Hund rennt am Strand.",
+    "Zwei Männer unterhalten sich.",
+    "Ein Mädchen im roten Mantel.",
+    "Leute gehen.",
+]
+
+
+@pytest.fixture
+def multi30k(tmp_path):
+    folder = tmp_path / "m30k"
+    folder.mkdir()
+    for split in ("train", "val"):
+        (folder / f"{split}.en").write_text("\n".join(EN) + "\n")
+        (folder / f"{split}.de").write_text("\n".join(DE) + "\n")
+    return folder
+
+
+def build(multi30k, out, *extra):
+    return main(["data", "build", "--multi30k", str(multi30k), "--out", str(out), "--splits", "train,val",
+                 "--voices", "espeak:en-us+m3,flite:kal16", *extra])  # fmt: skip
+
+
+@needs_tts
+def test_build_writes_contract_manifests_and_resumes(multi30k, tmp_path, capsys):
+    out = tmp_path / "corpus"
+    assert build(multi30k, out) == 0
+    rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"train-{i:05d}" for i in range(4)]
+    for row in rows:
+        assert {"id", "audio", "text", "translation", "voice", "duration_ms"} <= set(row)
+        assert (out / row["audio"]).is_file() and not row["audio"].startswith("/")
+        assert row["duration_ms"] > 300
+        assert row["voice"] in ("espeak:en-us+m3", "flite:kal16")
+    val = [json.loads(line) for line in (out / "val.jsonl").read_text().splitlines()]
+    assert {r["voice"] for r in val} <= {"flite:awb", "festival:cmu_us_slt_arctic_hts"}
+    assert "utterances: 8" in capsys.readouterr().out
+
+    # Resume: a lost file is remade, the others are kept as they are, the manifest is identical.
+    kept = out / rows[1]["audio"]
+    mtime = kept.stat().st_mtime_ns
+    (out / rows[2]["audio"]).unlink()
+    before = (out / "train.jsonl").read_text()
+    assert build(multi30k, out) == 0
+    assert kept.stat().st_mtime_ns == mtime
+    assert (out / rows[2]["audio"]).is_file()
+    assert (out / "train.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "voice", ["flite:awb", "flite:slt", "festival:cmu_us_slt_arctic_hts", "espeak:en-us-nyc",
+              "espeak:en-gb-x-gbcwmd+f2", "espeak:en-us+m7", "espeak:en-gb+f5"],
+)  # fmt: skip
+def test_reserved_voices_are_refused(multi30k, tmp_path, capsys, voice):
+    code = main(
+        [
+            "data",
+            "build",
+            "--multi30k",
+            str(multi30k),
+            "--out",
+            str(tmp_path / "c"),
+            "--voices",
+            voice,
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert "reserved" in err and len(err.splitlines()) == 1
+
+
+def test_default_pool_has_no_reserved_voice():
+    pool = [v for voices in default_train_pool().values() for v in voices]
+    assert len(pool) > 200
+    assert not any(v.is_reserved for v in pool)
+    assert Voice.parse("espeak:en-us+m7").is_external
+
+
+def test_missing_multi30k_is_a_one_line_error(tmp_path, capsys):
+    code = main(["data", "build", "--multi30k", str(tmp_path), "--out", str(tmp_path / "c")])
+    assert code == 2
+    assert "train.en" in capsys.readouterr().err

@@ -1,0 +1,69 @@
+"""Audio decoding at the edge and streaming features."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from streamasr.audio import AudioError, load_audio
+from streamasr.features import FeatureConfig, LogMel, RunningStats, StreamingLogMel
+
+
+@pytest.mark.parametrize("cuts", [[160], [1], [37, 401, 5], [100_000]])
+def test_streaming_features_equal_whole_signal(tone, cuts):
+    logmel = LogMel(FeatureConfig())
+    whole = logmel(torch.from_numpy(tone))
+    stream = StreamingLogMel(logmel)
+    state, pieces, position, i = stream.init_state(), [], 0, 0
+    while position < len(tone):
+        size = cuts[i % len(cuts)]
+        frames, state = stream.step(torch.from_numpy(tone[position : position + size]), state)
+        pieces.append(frames)
+        position, i = position + size, i + 1
+    streamed = torch.cat(pieces)
+    assert streamed.shape == whole.shape
+    assert (streamed - whole).abs().max().item() <= 1e-4
+    assert state.pending.numel() < logmel.config.win_samples
+
+
+def test_running_stats_match_torch():
+    frames = torch.randn(500, 80) * 3 + 1
+    stats = RunningStats(80)
+    stats.update(frames[:123])
+    stats.update(frames[123:])
+    result = stats.result()
+    assert torch.allclose(result.mean, frames.mean(0), atol=1e-5)
+    assert torch.allclose(result.std, frames.std(0, unbiased=False), atol=1e-4)
+
+
+def test_any_rate_and_channels_become_16k_mono(tmp_path, tone):
+    stereo = np.stack([tone, tone], axis=1)
+    sf.write(tmp_path / "a.wav", stereo[::2], 8000)  # 8 kHz stereo
+    sf.write(tmp_path / "b.flac", np.repeat(tone, 3)[:, None], 48000)
+    sf.write(tmp_path / "c.ogg", tone, 16000)
+    for name, seconds in (
+        ("a.wav", len(tone) / 16000),
+        ("b.flac", len(tone) / 16000),
+        ("c.ogg", len(tone) / 16000),
+    ):
+        audio = load_audio(tmp_path / name)
+        assert audio.dtype == np.float32 and audio.ndim == 1
+        assert abs(len(audio) / 16000 - seconds) < 0.01
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: None, "no such file"),
+        (lambda p: p.write_text("not audio"), "not a readable audio file"),
+        (lambda p: sf.write(p, np.zeros(0, np.float32), 16000), "no audio samples"),
+    ],
+)
+def test_bad_files_raise_one_line_errors(tmp_path, make, message):
+    path = tmp_path / "x.wav"
+    make(path)
+    with pytest.raises(AudioError, match=message) as err:
+        load_audio(path)
+    assert "\n" not in str(err.value)
