@@ -14,7 +14,8 @@ from torch import Tensor
 from .model import DecoderState, SpeechTranslator
 from .policy import Action, PolicyView, WaitK
 
-BLANK = 0
+BLANK = 0  # CTC blank of the transcript vocabulary
+PAD = 0  # padding id of the translation vocabulary
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class WaitKTranslator:
             logits, decoder = self.model.decoder.step(
                 torch.tensor([state.next_input]), state.decoder, visible
             )
+            logits[0, [PAD, self.bos_id]] = float("-inf")  # never written
             if not source_finished:
                 logits[0, self.eos_id] = float("-inf")  # the sentence cannot end before its source
             token = int(logits[0].argmax())

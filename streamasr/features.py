@@ -1,8 +1,9 @@
 """Log-mel features, whole-signal and streaming, with global mean/variance normalization.
 
-Frames are computed without padding (`center=False`), so frame j depends only on samples
-[j * hop, j * hop + win): the streaming extractor carries the samples not yet covered by a
-full window and produces exactly the frames the whole signal would give.
+Frames are causal: the signal is preceded by win - hop zero samples, so frame j ends exactly at
+sample (j + 1) * hop and depends on nothing after it. A chunk of N frames therefore needs
+exactly N * hop of audio. The streaming extractor carries the samples not yet covered by a full
+window and produces exactly the frames the whole signal would give.
 """
 
 from __future__ import annotations
@@ -47,16 +48,28 @@ class LogMel(torch.nn.Module):
             power=2.0,
         )
 
+    @property
+    def lead_samples(self) -> int:
+        """Zeros before the signal so that frame j ends at sample (j + 1) * hop."""
+        return self.config.win_samples - self.config.hop_samples
+
     def num_frames(self, num_samples: int) -> int:
+        """Frames in a buffer of num_samples, the lead zeros included."""
         if num_samples < self.config.win_samples:
             return 0
         return 1 + (num_samples - self.config.win_samples) // self.config.hop_samples
 
-    def forward(self, waveform: torch.Tensor) -> torch.Tensor:
-        if waveform.shape[-1] < self.config.win_samples:
-            return waveform.new_zeros(*waveform.shape[:-1], 0, self.config.n_mels)
-        spec = self.mel(waveform)  # (..., n_mels, T)
+    def frames(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Frames of a buffer whose lead is already in place: (T_samples,) -> (T_frames, n_mels)."""
+        if buffer.shape[-1] < self.config.win_samples:
+            return buffer.new_zeros(*buffer.shape[:-1], 0, self.config.n_mels)
+        spec = self.mel(buffer)  # (..., n_mels, T)
         return torch.log(spec + self.config.log_floor).transpose(-1, -2)
+
+    def forward(self, waveform: torch.Tensor) -> torch.Tensor:
+        """Whole signal: (..., T_samples) -> (..., T_samples // hop, n_mels)."""
+        lead = waveform.new_zeros(*waveform.shape[:-1], self.lead_samples)
+        return self.frames(torch.cat([lead, waveform], dim=-1))
 
 
 @dataclass(frozen=True)
@@ -73,13 +86,13 @@ class StreamingLogMel:
         self.logmel = logmel
 
     def init_state(self) -> FeatureState:
-        return FeatureState()
+        return FeatureState(pending=torch.zeros(self.logmel.lead_samples))
 
     def step(self, samples: torch.Tensor, state: FeatureState) -> tuple[torch.Tensor, FeatureState]:
         """(T_samples,) new audio -> ((T_frames, n_mels) new frames, new state)."""
         buffer = torch.cat([state.pending, samples.to(torch.float32)])
         num_frames = self.logmel.num_frames(buffer.numel())
-        frames = self.logmel(buffer[: self._covered(num_frames)])
+        frames = self.logmel.frames(buffer[: self._covered(num_frames)])
         consumed = num_frames * self.logmel.config.hop_samples
         return frames, FeatureState(pending=buffer[consumed:])
 

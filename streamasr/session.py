@@ -231,9 +231,8 @@ class Session:
     # ------------------------------------------------------------------ internals
 
     def _consumed_ms(self, feature_frames: int) -> float:
-        """Audio needed to compute the features up to this chunk's last frame."""
-        fc = self.features.logmel.config
-        return (self.feature_frames_used + feature_frames - 1) * fc.hop_ms + fc.win_ms
+        """Audio needed to compute the features up to this chunk's last frame (causal frames)."""
+        return (self.feature_frames_used + feature_frames) * self.features.logmel.config.hop_ms
 
     def _process_chunk(self, feature_frames: int, delay_ms: float) -> list[Event]:
         model, cfg = self.bundle.model, self.bundle.config

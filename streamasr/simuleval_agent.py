@@ -1,0 +1,61 @@
+"""A SimulEval 1.1.4 agent that runs the streamasr Session, so SimulEval can score our model.
+
+    simuleval --agent streamasr/simuleval_agent.py --source wav_list.txt --target refs.txt \
+        --source-segment-size 320 --wait-k 3 --output runs/simuleval
+
+SimulEval sends one source segment per call and accepts one write per call, so every
+translation word the session emits for a segment goes into one WriteAction; SimulEval splits
+it into words that share that segment's delay.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from simuleval.agents import SpeechToTextAgent
+from simuleval.agents.actions import Action, ReadAction, WriteAction
+from simuleval.utils import entrypoint
+
+from streamasr.audio import SAMPLE_RATE, to_mono_16k
+from streamasr.bundle import load_bundle
+from streamasr.policy import parse_wait_k
+from streamasr.session import Session, SessionOptions
+
+
+@entrypoint
+class StreamasrAgent(SpeechToTextAgent):
+    def __init__(self, args):
+        self.bundle = load_bundle(args.model_dir)
+        self.options = SessionOptions(
+            chunk_ms=args.chunk_ms, translate=True, wait_k=parse_wait_k(args.wait_k)
+        )
+        super().__init__(args)  # calls reset(), which needs the bundle
+
+    @staticmethod
+    def add_args(parser) -> None:
+        parser.add_argument(
+            "--model-dir", default=None, help="streamasr model folder (default: shipped)"
+        )
+        parser.add_argument("--wait-k", default="3", help="K >= 1 or inf")
+        parser.add_argument("--chunk-ms", type=int, default=320, help="encoder chunk")
+
+    def reset(self) -> None:
+        super().reset()
+        self.session = Session(self.bundle, self.options, stream="simuleval")
+        self.samples_fed = 0
+
+    def policy(self) -> Action:
+        new = self.states.source[self.samples_fed :]
+        self.samples_fed = len(self.states.source)
+        events = []
+        if new:
+            samples = np.asarray(new, dtype=np.float32)
+            rate = self.states.source_sample_rate or SAMPLE_RATE
+            events += self.session.accept(
+                to_mono_16k(samples, rate) if rate != SAMPLE_RATE else samples
+            )
+        if self.states.source_finished:
+            events += self.session.finish()
+        words = [e.text for e in events if e.type == "translation" and e.text]
+        if words or self.states.source_finished:
+            return WriteAction(" ".join(words), finished=self.states.source_finished)
+        return ReadAction()
