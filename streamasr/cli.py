@@ -345,8 +345,71 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_column(column, justify="right")
     for row in table_rows(runs):
         table.add_row(*row)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     print(f"wrote {args.out}/summary.json, instances.jsonl, latency_quality.png")
+    return 0
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="speed and memory of long simulated streams")
+    bench.add_argument("manifest", type=Path, help="utterances to join into long streams")
+    _add_session_options(bench)
+    bench.add_argument("--minutes", default="2,30", help="stream lengths (default 2,30)")
+    bench.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import bench_stream
+    from .manifest import read_manifest
+    from .session import SessionOptions
+
+    try:
+        lengths = [float(m) for m in args.minutes.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--minutes: expected numbers such as 2,30, got {args.minutes!r}"
+        ) from None
+    utterances = read_manifest(args.manifest, limit=200)
+    make_session = _session_factory(args)  # validates model and chunk size
+    bundle = make_session("check", "virtual").bundle
+    options = SessionOptions(chunk_ms=args.chunk_ms, translate=args.translate, wait_k=args.wait_k)
+    print(
+        "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB  segments"
+    )
+    for minutes in lengths:
+        r = bench_stream(bundle, utterances, minutes, options)
+        print(
+            f"{r.minutes:7.1f}  {r.rtf:.3f}  {r.chunk_p50_ms:12.1f}  {r.chunk_p99_ms:12.1f}  "
+            f"{r.rss_start_mb:12.0f}  {r.rss_peak_mb:11.0f}  {r.rss_end_mb:10.0f}  {r.segments:8d}",
+            flush=True,
+        )
+    return 0
+
+
+def _add_results(sub: argparse._SubParsersAction) -> None:
+    res = sub.add_parser("results", help="write eval runs into the README's Results section")
+    res.add_argument(
+        "eval_dirs", nargs="+", type=Path, help="folders written by `streamasr eval --out`"
+    )
+    res.add_argument("--readme", type=Path, help="README to update (default: print the section)")
+    res.set_defaults(func=cmd_results)
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from .evaluate import results_section, update_readme
+
+    missing = [d for d in args.eval_dirs if not (d / "summary.json").is_file()]
+    if missing:
+        raise UsageError(f"{missing[0]}: no summary.json (run `streamasr eval --out` first)")
+    section = results_section(args.eval_dirs)
+    if args.readme is None:
+        print(section)
+        return 0
+    try:
+        update_readme(args.readme, section)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    print(f"updated {args.readme}")
     return 0
 
 
@@ -361,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_stream_commands(sub)
     _add_eval(sub)
+    _add_bench(sub)
+    _add_results(sub)
     return parser
 
 

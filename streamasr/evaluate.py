@@ -278,3 +278,32 @@ def markdown_table(runs: list[dict]) -> str:
     header = "| " + " | ".join(COLUMNS) + " |"
     rule = "|" + "---|" * len(COLUMNS)
     return "\n".join([header, rule] + ["| " + " | ".join(row) + " |" for row in table_rows(runs)])
+
+
+RESULTS_BEGIN, RESULTS_END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def results_section(eval_dirs: list[Path]) -> str:
+    """Markdown for the README's Results section from one or more eval output folders."""
+    parts = []
+    for folder in eval_dirs:
+        summary = json.loads((folder / "summary.json").read_text())
+        count = sum(1 for _ in open(folder / "instances.jsonl")) // max(1, len(summary["runs"]))
+        parts.append(
+            f"**{summary['chunk_ms']} ms chunks** ({summary['model']}, {count} utterances, `{folder}`):\n"
+        )
+        parts.append(markdown_table(summary["runs"]) + "\n")
+        plot = folder / "latency_quality.png"
+        if plot.exists():
+            parts.append(
+                f"![BLEU against AL and LAAL, {summary['chunk_ms']} ms]({plot.as_posix()})\n"
+            )
+    return "\n".join(parts)
+
+
+def update_readme(readme: Path, section: str) -> None:
+    text = readme.read_text()
+    start, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+    if start < 0 or end < start:
+        raise ValueError(f"{readme}: no {RESULTS_BEGIN} ... {RESULTS_END} markers")
+    readme.write_text(text[: start + len(RESULTS_BEGIN)] + "\n" + section + text[end:])

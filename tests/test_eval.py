@@ -1,0 +1,123 @@
+"""`streamasr eval`: the contract's outputs, transcript-only manifests, CA metrics by formula."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from streamasr.cli import main
+from streamasr.metrics import average_lagging, length_adaptive_average_lagging
+
+RUN_KEYS = {"wait_k", "wer", "bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset",
+            "AL_CA", "LAAL_CA", "DAL_CA", "asr_delay_ms", "rtf"}  # fmt: skip
+
+
+@pytest.fixture
+def manifest(tmp_path, tone):
+    (tmp_path / "wav").mkdir()
+    sf.write(tmp_path / "wav" / "a.wav", tone, 16000)
+    sf.write(tmp_path / "wav" / "b.wav", np.concatenate([tone[::-1], tone]).copy(), 16000)
+    rows = [
+        {
+            "id": "a",
+            "audio": "wav/a.wav",
+            "text": "A man in an orange hat.",
+            "translation": "Ein Mann mit Hut.",
+        },
+        {
+            "id": "b",
+            "audio": "wav/b.wav",
+            "text": "Two dogs play.",
+            "translation": "Zwei Hunde spielen.",
+            "voice": "x",
+        },
+    ]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_dir, capsys):
+    out = tmp_path / "eval"
+    code = main(
+        [
+            "eval",
+            str(manifest),
+            "--model",
+            str(tiny_bundle_dir),
+            "--wait-k",
+            "1,3,inf",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["chunk_ms"] == 320 and summary["model"] == tiny_bundle_dir.name
+    assert [r["wait_k"] for r in summary["runs"]] == [1, 3, "inf"]
+    for run in summary["runs"]:
+        assert set(run) == RUN_KEYS
+        assert set(run["asr_delay_ms"]) == {"mean", "p50", "p90"}
+        assert run["bleu"] is not None and run["wer"] is not None and run["rtf"] > 0
+    instances = [json.loads(line) for line in (out / "instances.jsonl").read_text().splitlines()]
+    assert len(instances) == 6
+    for ins in instances:
+        assert len(ins["delays_ms"]) == len(ins["elapsed_ms"]) == len(ins["translation"].split())
+        assert len(ins["transcript_word_ms"]) == len(ins["transcript"].split())
+    assert (out / "latency_quality.png").stat().st_size > 1000
+    table = capsys.readouterr().out
+    assert "LAAL" in table and "inf" in table
+
+    # The compute-aware metrics are the plain formulas applied to elapsed times.
+    inf_run = [ins for ins in instances if ins["wait_k"] == "inf" and ins["elapsed_ms"]]
+    ca = [
+        average_lagging(i["elapsed_ms"], i["source_ms"], len(i["translation_ref"].split(" ")))
+        for i in inf_run
+    ]
+    laal = [
+        length_adaptive_average_lagging(
+            i["elapsed_ms"], i["source_ms"], len(i["translation_ref"].split(" "))
+        )
+        for i in inf_run
+    ]
+    run = summary["runs"][2]
+    assert run["AL_CA"] == pytest.approx(sum(ca) / len(ca), abs=0.2)
+    assert run["LAAL_CA"] == pytest.approx(sum(laal) / len(laal), abs=0.2)
+    assert run["AL_CA"] >= run["AL"]
+
+
+def test_transcript_only_manifest(tmp_path, tone, tiny_bundle_dir):
+    sf.write(tmp_path / "a.wav", tone, 16000)
+    (tmp_path / "m.jsonl").write_text(
+        json.dumps({"id": "a", "audio": "a.wav", "text": "a dog"}) + "\n"
+    )
+    out = tmp_path / "eval"
+    assert (
+        main(
+            [
+                "eval",
+                str(tmp_path / "m.jsonl"),
+                "--model",
+                str(tiny_bundle_dir),
+                "--wait-k",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    run = json.loads((out / "summary.json").read_text())["runs"][0]
+    assert run["wer"] is not None
+    for key in ("bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset", "AL_CA"):
+        assert run[key] is None, key
+
+
+def test_bad_manifest_is_one_line(tmp_path, capsys, tiny_bundle_dir):
+    (tmp_path / "m.jsonl").write_text("{not json\n")
+    assert main(["eval", str(tmp_path / "m.jsonl"), "--model", str(tiny_bundle_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "expected a JSON object" in err and len(err.strip().splitlines()) == 1
