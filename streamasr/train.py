@@ -256,7 +256,11 @@ def validate(
     }
 
 
-def train(corpus: Path, work: Path, cfg: ModelConfig, tcfg: TrainConfig) -> None:
+def train(
+    corpus: Path, work: Path, cfg: ModelConfig, tcfg: TrainConfig, stop_at: int | None = None
+) -> SpeechTranslator:
+    """Train (or resume) towards tcfg.steps; `stop_at` ends this run early at that step, as a
+    kill would, leaving a checkpoint to resume from."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances)
@@ -273,6 +277,7 @@ def train(corpus: Path, work: Path, cfg: ModelConfig, tcfg: TrainConfig) -> None
         step, epoch, position = ckpt["step"], ckpt["epoch"], ckpt["position"]
         gen.set_state(ckpt["torch_gen"])
         rng.setstate(ckpt["py_rng"])
+        torch.set_rng_state(ckpt["torch_rng"])  # dropout draws from the global generator
         log.info("resumed at step %d (epoch %d, batch %d)", step, epoch, position)
     (work / "config.json").write_text(
         json.dumps({"model": cfg.to_json(), "train": asdict(tcfg)}, indent=2)
@@ -288,9 +293,10 @@ def train(corpus: Path, work: Path, cfg: ModelConfig, tcfg: TrainConfig) -> None
     bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
     lengths = train_cache.lengths()
     audio_s, t0 = 0.0, time.perf_counter()
-    while step < tcfg.steps:
+    last = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
+    while step < last:
         batches = make_batches(lengths, tcfg.batch_frames, tcfg.seed + epoch)
-        while position < len(batches) and step < tcfg.steps:
+        while position < len(batches) and step < last:
             indices = batches[position]
             chunk = (
                 -1
@@ -330,11 +336,13 @@ def train(corpus: Path, work: Path, cfg: ModelConfig, tcfg: TrainConfig) -> None
                 log.info("step %d val %s", step, record["val"])
             log_file.write(json.dumps(record, ensure_ascii=False) + "\n")
             log_file.flush()
-            if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+            if step % tcfg.ckpt_every == 0 or step == last:
                 _save_checkpoint(ckpt_path, model, opt, step, epoch, position, gen, rng)
         if position >= len(batches):
             epoch, position = epoch + 1, 0
     bar.close()
+    log_file.close()
+    return model
 
 
 def _save_checkpoint(path: Path, model, opt, step, epoch, position, gen, rng) -> None:
@@ -348,6 +356,7 @@ def _save_checkpoint(path: Path, model, opt, step, epoch, position, gen, rng) ->
             "position": position,
             "torch_gen": gen.get_state(),
             "py_rng": rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
         },
         tmp,
     )

@@ -61,7 +61,11 @@ def calibrate_ctc_head(model, stats) -> None:
         return model.encoder(feats, torch.tensor([feats.shape[1]]), 4)[0][0]
 
     with torch.no_grad():
-        sound, silence = encode(make_tone()), encode(np.zeros(16000, np.float32))
+        tone = make_tone()
+        sound = encode(tone)
+        silence = encode(np.concatenate([tone, np.zeros(48000, np.float32)]))[
+            len(tone) // 1280 + 2 :
+        ]
         mean_sound, mean_silence = sound.mean(0), silence.mean(0)
         spread = (sound - mean_sound).norm(dim=-1).mean()
         weight = torch.randn(
@@ -69,6 +73,8 @@ def calibrate_ctc_head(model, stats) -> None:
         )
         weight *= 4 / spread / weight.shape[1] ** 0.5
         to_silence = mean_silence - mean_sound
+        direction = to_silence / to_silence.norm()
+        weight -= (weight @ direction)[:, None] * direction[None, :]  # labels ignore loudness
         weight[0] = 8 * to_silence / to_silence.norm() ** 2
         model.ctc_head.weight.copy_(weight)
         model.ctc_head.bias.copy_(-weight @ mean_sound)

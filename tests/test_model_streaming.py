@@ -70,3 +70,30 @@ def test_wait_k_visible_frames():
     visible = wait_k_visible_frames(5, torch.tensor([10]), 2, unit_frames=4, tokens_per_unit=2)
     assert visible.tolist() == [[8, 8, 10, 10, 10]]
     assert wait_k_visible_frames(3, torch.tensor([7]), None, 4, 1).tolist() == [[7, 7, 7]]
+
+
+@pytest.mark.parametrize("wait_k", [1, 2, None])
+def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_model, wait_k):
+    from streamasr.decoding import translate_segment
+    from streamasr.policy import WaitK
+
+    torch.manual_seed(4)
+    cfg, bos, eos = tiny_model.cfg, 1, 2
+    memory = torch.randn(1, 23, cfg.d_model)  # 5 units of 4 frames and a partial one
+    with torch.no_grad():
+        fast = translate_segment(tiny_model, memory, WaitK(wait_k), bos, eos)
+        tokens, unit = [bos], cfg.unit_frames
+        full_units = memory.shape[1] // unit
+        for i in range(len(fast) + 1):
+            visible = wait_k_visible_frames(i + 1, torch.tensor([23]), wait_k, unit, 1)
+            logits = tiny_model.decoder(torch.tensor([tokens]), memory, visible)[0, -1]
+            logits[[0, bos]] = float("-inf")
+            written_early = wait_k is not None and wait_k + i <= full_units
+            if written_early:
+                logits[eos] = float("-inf")
+            token = int(logits.argmax())
+            if token == eos:
+                break
+            tokens.append(token)
+    assert fast == tokens[1 : len(fast) + 1]
+    assert fast or wait_k is None  # finite k writes before the end, when eos is not allowed

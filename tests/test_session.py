@@ -70,3 +70,11 @@ def test_state_stays_bounded_on_long_stream(tiny_bundle, tone):
     assert session.pending_feats.shape[0] < session.feature_frames_per_chunk
     assert len(session.segments) >= 5  # the decoder is reset at least every 2 s of audio
     assert session.translator_state.decoder.layers[0].cross_keys.shape[2] <= 2000 // 80 + 8
+
+
+def test_a_pause_closes_a_segment(tiny_bundle, tone):
+    audio = np.concatenate([tone, np.zeros(32000, np.float32), tone])
+    session, events = run(tiny_bundle, audio, 1600, wait_k=2, endpoint_ms=800)
+    assert len(session.segments) >= 2
+    first_final = next(e for e in events if e.type == "transcript" and e.final)
+    assert first_final.delay_ms < len(tone) / 16 + 2000 + 320  # closed during the pause

@@ -1,0 +1,70 @@
+"""Training: a kill-and-resume gives exactly the weights of an uninterrupted run; export loads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import soundfile as sf
+import torch
+from conftest import SENTENCES_DE, SENTENCES_EN
+
+from streamasr.bundle import load_bundle
+from streamasr.config import ModelConfig
+from streamasr.train import TrainConfig, export, train
+
+
+def make_corpus(folder, tone):
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    for split, count in (("train", 8), ("val", 2)):
+        rows = []
+        for i in range(count):
+            audio = np.roll(tone, 1600 * i)[: 16000 + 2000 * i] * rng.uniform(0.5, 1)
+            sf.write(folder / f"{split}{i}.wav", audio.astype(np.float32), 16000)
+            rows.append(
+                {
+                    "id": f"{split}{i}",
+                    "audio": f"{split}{i}.wav",
+                    "text": SENTENCES_EN[i],
+                    "translation": SENTENCES_DE[i],
+                }
+            )
+        (folder / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        )
+    return folder
+
+
+def test_resume_after_a_kill_is_exact(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        en_vocab=40,
+        de_vocab=60,
+        left_context_frames=16,
+    )
+    tcfg = TrainConfig(
+        steps=4, batch_frames=900, val_every=1000, ckpt_every=1, val_utterances=2, warmup_steps=2
+    )
+    straight = train(corpus, tmp_path / "a", cfg, tcfg)
+    train(corpus, tmp_path / "b", cfg, tcfg, stop_at=2)
+    resumed = train(corpus, tmp_path / "b", cfg, tcfg)
+    for (name, p), q in zip(
+        straight.state_dict().items(), resumed.state_dict().values(), strict=True
+    ):
+        assert torch.equal(p, q), name
+    log = [
+        json.loads(line) for line in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert "val" in log[-1]  # the last step validates
+
+    bundle = load_bundle(export(tmp_path / "b", tmp_path / "model"))
+    assert bundle.config == replace(cfg)
+    assert torch.equal(bundle.model.ctc_head.weight, resumed.ctc_head.weight)
