@@ -71,6 +71,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     ):
         train.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
     train.add_argument("--lr", type=float, default=TrainConfig.lr, help=f"default {TrainConfig.lr}")
+    train.add_argument("--stop-at", type=int, help="end this run at that step (resume later)")
     for name in ("d_model", "encoder_layers", "decoder_layers", "d_ff", "en_vocab", "de_vocab"):
         default = getattr(ModelConfig, name)
         train.add_argument(
@@ -85,7 +86,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .config import ModelConfig
-    from .train import TrainConfig, train
+    from .train import TrainConfig, TrainError, train
 
     model_cfg = ModelConfig(
         d_model=args.d_model,
@@ -105,7 +106,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     for name in ("train.jsonl", "val.jsonl"):
         if not (args.corpus / name).is_file():
             raise UsageError(f"{args.corpus}: no {name} (build it with `streamasr data build`)")
-    train(args.corpus, args.work, model_cfg, train_cfg)
+    try:
+        train(args.corpus, args.work, model_cfg, train_cfg, stop_at=args.stop_at)
+    except TrainError as err:
+        raise UsageError(str(err)) from None
     return 0
 
 

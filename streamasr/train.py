@@ -35,6 +35,10 @@ from .text import Tokenizer, normalize_transcript, train_tokenizer
 log = logging.getLogger(__name__)
 
 
+class TrainError(ValueError):
+    """A training run the user can fix (e.g. resuming a work folder with other model options)."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 30000  # optimizer steps in all (resume continues towards this)
@@ -271,6 +275,11 @@ def train(
     gen = torch.Generator().manual_seed(tcfg.seed)
     rng = random.Random(tcfg.seed)
     if ckpt_path.exists():
+        saved = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
+        if saved != cfg:
+            raise TrainError(
+                f"{work} holds a checkpoint of another model shape ({saved}); pass the same options"
+            )
         ckpt = torch.load(ckpt_path, weights_only=False)  # our own file, written below
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
