@@ -21,8 +21,8 @@ class AugmentConfig:
     speed_range: tuple[float, float] = (0.85, 1.15)  # frame-axis stretch factors
     warp_range: tuple[float, float] = (0.88, 1.12)  # mel-axis warp (VTLP-like)
     gain_db: float = 8.0  # +- uniform gain
-    noise_prob: float = 0.6  # chance of additive noise
-    snr_db_range: tuple[float, float] = (3.0, 30.0)
+    noise_prob: float = 0.4  # chance of additive noise
+    snr_db_range: tuple[float, float] = (5.0, 30.0)
     freq_masks: int = 2  # SpecAugment
     freq_mask_bins: int = 12
     time_masks_per_second: float = 1.0

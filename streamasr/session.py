@@ -151,7 +151,7 @@ class _SegmentState:
     frames: int = 0  # encoder frames in the segment
     start_frame: int = 0  # absolute encoder frame where the segment's source begins
     last_token_frame: int = -1
-    lead_in: list[torch.Tensor] = field(default_factory=list)  # frames before speech, trimmed
+    lead_in: torch.Tensor | None = None  # (1, T, D) frames before speech, trimmed to lead_in_ms
     transcript: list[str] = field(default_factory=list)
     translation: list[str] = field(default_factory=list)
 
@@ -198,6 +198,7 @@ class Session:
     def audio_ms(self) -> float:
         return self.samples_in / SAMPLES_PER_MS
 
+    @torch.inference_mode()
     def accept(self, samples: np.ndarray) -> list[Event]:
         """Feed a piece of audio (any length); returns the events it caused."""
         if self.finished:
@@ -215,6 +216,7 @@ class Session:
             )
         return events
 
+    @torch.inference_mode()
     def finish(self) -> list[Event]:
         """End of stream: encode what is left (whole encoder frames), close the open segment."""
         if self.finished:
@@ -241,9 +243,8 @@ class Session:
         feats = self.bundle.stats.normalize(self.pending_feats[:feature_frames])
         self.pending_feats = self.pending_feats[feature_frames:]
         self.feature_frames_used += feature_frames
-        with torch.inference_mode():
-            frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state)
-            tokens, self.ctc_state = ctc_greedy_step(model.ctc_log_probs(frames)[0], self.ctc_state)
+        frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state)
+        tokens, self.ctc_state = ctc_greedy_step(model.ctc_log_probs(frames)[0], self.ctc_state)
         first_frame = self.encoder_state.frames_done - frames.shape[1]
         events = self._transcript_tokens(tokens, first_frame, delay_ms)
         events += self._translate(frames, first_frame, delay_ms)
@@ -271,7 +272,7 @@ class Session:
             if done:
                 words.append(done)
         if tokens and not self.segment.started:
-            self._start_segment()
+            self._start_segment(first_frame)
         return self._word_events("transcript", words, delay_ms)
 
     def _word_events(
@@ -289,37 +290,38 @@ class Session:
         text = " ".join(word for word, _ in words)
         return [self._event(kind, text, final, delay_ms)] if text or final else []
 
-    def _start_segment(self) -> None:
-        """Speech began: the translator reads the kept lead-in frames first."""
+    def _start_segment(self, first_frame: int) -> None:
+        """Speech began in the chunk at first_frame: the translator reads the lead-in first."""
         seg = self.segment
         seg.started = True
-        if self.options.translate and seg.lead_in:
-            lead = torch.cat(seg.lead_in, dim=1)
-            seg.start_frame -= lead.shape[1]
-            self.translator_state = self.translator.read(lead, self.translator_state)
-            seg.frames += lead.shape[1]
-        seg.lead_in = []
+        if seg.lead_in is None or seg.lead_in.shape[1] == 0:
+            seg.start_frame = first_frame
+        else:
+            if self.options.translate:
+                self.translator_state = self.translator.read(seg.lead_in, self.translator_state)
+            seg.frames += seg.lead_in.shape[1]
+        seg.lead_in = None
+
+    def _keep_lead_in(self, frames: torch.Tensor, first_frame: int) -> None:
+        """Before speech, keep only the last lead_in_ms of frames (bounded memory in silence)."""
+        seg = self.segment
+        keep = self.options.lead_in_ms // self.bundle.config.frame_ms
+        lead = frames if seg.lead_in is None else torch.cat([seg.lead_in, frames], dim=1)
+        seg.lead_in = lead[:, lead.shape[1] - min(keep, lead.shape[1]) :]
+        seg.start_frame = first_frame + frames.shape[1] - seg.lead_in.shape[1]
 
     def _translate(self, frames: torch.Tensor, first_frame: int, delay_ms: float) -> list[Event]:
         seg = self.segment
         if not seg.started:
-            keep = self.options.lead_in_ms // self.bundle.config.frame_ms
-            lead = torch.cat(seg.lead_in + [frames], dim=1) if seg.lead_in else frames
-            seg.lead_in = [lead[:, lead.shape[1] - min(keep, lead.shape[1]) :]] if keep else []
-            seg.start_frame = (
-                first_frame + frames.shape[1] - seg.lead_in[0].shape[1]
-                if keep
-                else first_frame + frames.shape[1]
-            )
+            self._keep_lead_in(frames, first_frame)
             return []
         seg.frames += frames.shape[1]
         if not self.options.translate:
             return []
-        with torch.inference_mode():
-            self.translator_state = self.translator.read(frames, self.translator_state)
-            tokens, self.translator_state = self.translator.write(
-                self.translator_state, source_finished=False
-            )
+        self.translator_state = self.translator.read(frames, self.translator_state)
+        tokens, self.translator_state = self.translator.write(
+            self.translator_state, source_finished=False
+        )
         return self._translation_tokens(tokens, delay_ms)
 
     def _translation_tokens(
@@ -343,10 +345,9 @@ class Session:
         last = self.en_words.flush()
         events = self._word_events("transcript", [last] if last else [], delay_ms, final=True)
         if self.options.translate:
-            with torch.inference_mode():
-                tokens, self.translator_state = self.translator.write(
-                    self.translator_state, source_finished=True
-                )
+            tokens, self.translator_state = self.translator.write(
+                self.translator_state, source_finished=True
+            )
             events += self._translation_tokens(tokens, delay_ms, final=True)
         frame_ms = self.bundle.config.frame_ms
         self.segments.append(
