@@ -52,6 +52,11 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     return 0
 
 
+# Training and model fields the `train` command exposes as flags (same names, dashes for _).
+TRAIN_OPTIONS = ("steps", "batch_frames", "val_every", "seed", "lr")
+MODEL_OPTIONS = ("d_model", "encoder_layers", "decoder_layers", "d_ff", "en_vocab", "de_vocab")
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from .config import ModelConfig
     from .train import TrainConfig
@@ -63,20 +68,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--work", type=Path, required=True, help="folder for caches, checkpoints and logs"
     )
-    for name, default in (
-        ("steps", TrainConfig.steps),
-        ("batch-frames", TrainConfig.batch_frames),
-        ("val-every", TrainConfig.val_every),
-        ("seed", TrainConfig.seed),
-    ):
-        train.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
-    train.add_argument("--lr", type=float, default=TrainConfig.lr, help=f"default {TrainConfig.lr}")
     train.add_argument("--stop-at", type=int, help="end this run at that step (resume later)")
-    for name in ("d_model", "encoder_layers", "decoder_layers", "d_ff", "en_vocab", "de_vocab"):
-        default = getattr(ModelConfig, name)
-        train.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=default, help=f"default {default}"
-        )
+    for cls, names in ((TrainConfig, TRAIN_OPTIONS), (ModelConfig, MODEL_OPTIONS)):
+        for name in names:
+            default = getattr(cls, name)
+            flag = f"--{name.replace('_', '-')}"
+            train.add_argument(flag, type=type(default), default=default, help=f"default {default}")
     train.set_defaults(func=cmd_train)
     export = sub.add_parser("export", help="write a model folder from a training work folder")
     export.add_argument("--work", type=Path, required=True)
@@ -88,21 +85,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .config import ModelConfig
     from .train import TrainConfig, TrainError, train
 
-    model_cfg = ModelConfig(
-        d_model=args.d_model,
-        encoder_layers=args.encoder_layers,
-        decoder_layers=args.decoder_layers,
-        d_ff=args.d_ff,
-        en_vocab=args.en_vocab,
-        de_vocab=args.de_vocab,
-    )
-    train_cfg = TrainConfig(
-        steps=args.steps,
-        batch_frames=args.batch_frames,
-        val_every=args.val_every,
-        seed=args.seed,
-        lr=args.lr,
-    )
+    model_cfg = ModelConfig(**{name: getattr(args, name) for name in MODEL_OPTIONS})
+    train_cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
     for name in ("train.jsonl", "val.jsonl"):
         if not (args.corpus / name).is_file():
             raise UsageError(f"{args.corpus}: no {name} (build it with `streamasr data build`)")
