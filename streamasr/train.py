@@ -287,6 +287,7 @@ def train(
         gen.set_state(ckpt["torch_gen"])
         rng.setstate(ckpt["py_rng"])
         torch.set_rng_state(ckpt["torch_rng"])  # dropout draws from the global generator
+        _truncate_log(work / "train_log.jsonl", step)
         log.info("resumed at step %d (epoch %d, batch %d)", step, epoch, position)
     (work / "config.json").write_text(
         json.dumps({"model": cfg.to_json(), "train": asdict(tcfg)}, indent=2)
@@ -352,6 +353,13 @@ def train(
     bar.close()
     log_file.close()
     return model
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop records written after the checkpoint we resume from: they will be redone."""
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
 
 
 def _save_checkpoint(path: Path, model, opt, step, epoch, position, gen, rng) -> None:

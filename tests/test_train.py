@@ -54,6 +54,8 @@ def test_resume_after_a_kill_is_exact(tmp_path, tone):
     )
     straight = train(corpus, tmp_path / "a", cfg, tcfg)
     train(corpus, tmp_path / "b", cfg, tcfg, stop_at=2)
+    with open(tmp_path / "b" / "train_log.jsonl", "a") as log:  # a step logged, then killed
+        log.write(json.dumps({"step": 3, "ctc": 0.0}) + "\n")
     resumed = train(corpus, tmp_path / "b", cfg, tcfg)
     for (name, p), q in zip(
         straight.state_dict().items(), resumed.state_dict().values(), strict=True
