@@ -113,11 +113,7 @@ def run_instance(
         elapsed_ms=[w.elapsed_ms for w in session.translation_words],
         transcript_word_ms=hyp_ms,
         compute_ms=sum(session.chunk_compute_ms),
-        emission_delays_ms=emission_delays(
-            normalize_transcript(" ".join(hyp_words)).split(), hyp_ms, ref_words, ref_ends
-        )
-        if len(normalize_transcript(" ".join(hyp_words)).split()) == len(hyp_words)
-        else [],
+        emission_delays_ms=emission_delays(hyp_words, hyp_ms, ref_words, ref_ends),
     )
 
 
