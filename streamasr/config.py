@@ -13,14 +13,16 @@ from .features import FeatureConfig
 class ModelConfig:
     n_mels: int = 80  # input feature bins
     feature_hop_ms: int = 10  # feature frame shift
-    subsampling_layers: int = 3  # stride-2 causal convs: 2**3 = 8x -> 80 ms encoder frames
+    # stride-2 causal convs: 2**2 = 4x -> 40 ms frames. 8x (80 ms) left about 2.3 frames per
+    # transcript piece at TTS speaking rates and CTC training stalled; 40 ms gives about 4.6.
+    subsampling_layers: int = 2
     d_model: int = 192  # width of encoder and decoder
     n_heads: int = 4  # attention heads
     d_ff: int = 768  # feed-forward hidden width
     encoder_layers: int = 6  # Conformer-style blocks
-    conv_kernel: int = 7  # causal depthwise kernel (encoder frames)
-    left_context_frames: int = 48  # lookback of chunked attention, encoder frames
-    chunk_frames_choices: tuple[int, ...] = (2, 4, 8, 16)  # dynamic chunk training sizes
+    conv_kernel: int = 15  # causal depthwise kernel (encoder frames: 600 ms)
+    left_context_frames: int = 96  # lookback of chunked attention, encoder frames (3.84 s)
+    chunk_frames_choices: tuple[int, ...] = (4, 8, 16, 32)  # dynamic chunks: 160-1280 ms
     decoder_layers: int = 3  # translation decoder blocks
     unit_ms: int = 320  # wait-k source unit: this much encoded audio is one unit
     tokens_per_unit: int = 1  # target tokens written per source unit read

@@ -118,6 +118,9 @@ class WallClock:
         pass
 
 
+Word = tuple[str, tuple[float, float]]  # text, (delay_ms, elapsed_ms) of its last subword
+
+
 class WordAssembler:
     """Collects subword tokens into whole words; a word is complete when the next one starts."""
 
@@ -126,22 +129,18 @@ class WordAssembler:
         self.pending: list[int] = []
         self.last_times = (0.0, 0.0)
 
-    def push(
-        self, token: int, delay_ms: float, elapsed_ms: float
-    ) -> tuple[str, tuple[float, float]] | None:
-        done = None
-        if self.pending and self.tokenizer.starts_word(token):
-            done = self.flush()
+    def push(self, token: int, delay_ms: float, elapsed_ms: float) -> list[Word]:
+        """Add a token; returns the words it completed."""
+        done = self.flush() if self.pending and self.tokenizer.starts_word(token) else []
         self.pending.append(token)
         self.last_times = (delay_ms, elapsed_ms)
         return done
 
-    def flush(self) -> tuple[str, tuple[float, float]] | None:
-        if not self.pending:
-            return None
-        word = self.tokenizer.decode(self.pending).strip()
+    def flush(self) -> list[Word]:
+        """The pending word(s): an unknown piece decodes with spaces around it, so maybe several."""
+        text = self.tokenizer.decode(self.pending)
         self.pending = []
-        return (word, self.last_times) if word else None
+        return [(word, self.last_times) for word in text.split()]
 
 
 @dataclass
@@ -268,9 +267,7 @@ class Session:
         words = []
         for token, offset in tokens:
             self.segment.last_token_frame = first_frame + offset
-            done = self.en_words.push(token, delay_ms, self.clock.now_ms())
-            if done:
-                words.append(done)
+            words += self.en_words.push(token, delay_ms, self.clock.now_ms())
         if tokens and not self.segment.started:
             self._start_segment(first_frame)
         return self._word_events("transcript", words, delay_ms)
@@ -278,7 +275,7 @@ class Session:
     def _word_events(
         self,
         kind: str,
-        words: list[tuple[str, tuple[float, float]]],
+        words: list[Word],
         delay_ms: float,
         final: bool = False,
     ) -> list[Event]:
@@ -329,21 +326,16 @@ class Session:
     ) -> list[Event]:
         words = []
         for token in tokens:
-            done = self.de_words.push(token, delay_ms, self.clock.now_ms())
-            if done:
-                words.append(done)
+            words += self.de_words.push(token, delay_ms, self.clock.now_ms())
         if final:
-            last = self.de_words.flush()
-            if last:
-                words.append(last)
+            words += self.de_words.flush()
         return self._word_events("translation", words, delay_ms, final)
 
     def _close_segment(self, delay_ms: float) -> list[Event]:
         seg = self.segment
         if not seg.started:
             return []
-        last = self.en_words.flush()
-        events = self._word_events("transcript", [last] if last else [], delay_ms, final=True)
+        events = self._word_events("transcript", self.en_words.flush(), delay_ms, final=True)
         if self.options.translate:
             tokens, self.translator_state = self.translator.write(
                 self.translator_state, source_finished=True

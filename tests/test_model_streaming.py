@@ -39,7 +39,7 @@ def test_encoder_padding_does_not_change_valid_frames(tiny_model):
 
 
 def test_step_rejects_ragged_feature_count(tiny_model):
-    with pytest.raises(ValueError, match="multiple of 8"):
+    with pytest.raises(ValueError, match="multiple of 4 feature frames"):
         tiny_model.encoder.step(torch.randn(1, 7, 80), tiny_model.encoder.init_state())
 
 

@@ -58,7 +58,7 @@ def test_other_chunk_sizes_run(tiny_bundle, tone, chunk_ms):
 
 
 def test_bad_chunk_size_is_rejected(tiny_bundle):
-    with pytest.raises(ValueError, match="multiple of 80"):
+    with pytest.raises(ValueError, match="multiple of 40"):
         Session(tiny_bundle, SessionOptions(chunk_ms=100))
 
 
