@@ -21,7 +21,7 @@ class AugmentConfig:
     speed_range: tuple[float, float] = (0.85, 1.15)  # frame-axis stretch factors
     warp_range: tuple[float, float] = (0.88, 1.12)  # mel-axis warp (VTLP-like)
     gain_db: float = 8.0  # +- uniform gain
-    noise_prob: float = 0.4  # chance of additive noise
+    noise_prob: float = 0.2  # chance of additive noise
     snr_db_range: tuple[float, float] = (5.0, 30.0)
     freq_masks: int = 2  # SpecAugment
     freq_mask_bins: int = 12

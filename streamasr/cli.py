@@ -53,7 +53,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
 
 
 # Training and model fields the `train` command exposes as flags (same names, dashes for _).
-TRAIN_OPTIONS = ("steps", "batch_frames", "val_every", "seed", "lr")
+TRAIN_OPTIONS = ("steps", "batch_frames", "val_every", "seed", "lr", "ctc_weight", "mt_weight")
 MODEL_OPTIONS = ("d_model", "encoder_layers", "decoder_layers", "d_ff", "en_vocab", "de_vocab")
 
 
@@ -69,6 +69,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "--work", type=Path, required=True, help="folder for caches, checkpoints and logs"
     )
     train.add_argument("--stop-at", type=int, help="end this run at that step (resume later)")
+    train.add_argument("--init", type=Path, help="start from a model folder's weights (warm start)")
     for cls, names in ((TrainConfig, TRAIN_OPTIONS), (ModelConfig, MODEL_OPTIONS)):
         for name in names:
             default = getattr(cls, name)
@@ -91,7 +92,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not (args.corpus / name).is_file():
             raise UsageError(f"{args.corpus}: no {name} (build it with `streamasr data build`)")
     try:
-        train(args.corpus, args.work, model_cfg, train_cfg, stop_at=args.stop_at)
+        train(args.corpus, args.work, model_cfg, train_cfg, stop_at=args.stop_at, init=args.init)
     except TrainError as err:
         raise UsageError(str(err)) from None
     return 0

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .augment import AugmentConfig, augment_logmel, spec_augment
-from .bundle import Bundle
+from .bundle import Bundle, load_bundle
 from .config import ModelConfig
 from .decoding import CtcState, ctc_greedy_step, translate_segment
 from .features import FeatureStats, LogMel, RunningStats
@@ -261,14 +262,24 @@ def validate(
 
 
 def train(
-    corpus: Path, work: Path, cfg: ModelConfig, tcfg: TrainConfig, stop_at: int | None = None
+    corpus: Path,
+    work: Path,
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    stop_at: int | None = None,
+    init: Path | None = None,
 ) -> SpeechTranslator:
     """Train (or resume) towards tcfg.steps; `stop_at` ends this run early at that step, as a
-    kill would, leaving a checkpoint to resume from."""
+    kill would, leaving a checkpoint to resume from. `init` starts a new work folder from a
+    model folder's weights, tokenizers and statistics (a warm start with a fresh optimizer)."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
+    if init is not None and not (work / "checkpoint.pt").exists():
+        cfg = _warm_start_files(init, work)
     train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances)
     model = SpeechTranslator(cfg)
+    if init is not None and not (work / "checkpoint.pt").exists():
+        model.load_state_dict(load_bundle(init).model.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
     ckpt_path = work / "checkpoint.pt"
     step, epoch, position = 0, 0, 0
@@ -353,6 +364,14 @@ def train(
     bar.close()
     log_file.close()
     return model
+
+
+def _warm_start_files(init: Path, work: Path) -> ModelConfig:
+    """Copy a model folder's tokenizers and statistics into a new work folder; its config."""
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("en.model", "de.model", "feature_stats.safetensors"):
+        shutil.copyfile(init / name, work / name)
+    return ModelConfig.load(init / "config.json")
 
 
 def _truncate_log(path: Path, step: int) -> None:
