@@ -425,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its INFO lines are not ours
     from .audio import AudioError
     from .bundle import ModelFolderError
     from .corpus import CorpusError
