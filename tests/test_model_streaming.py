@@ -13,7 +13,9 @@ def test_encoder_step_equals_forward_under_chunk_mask(tiny_model, chunk_frames):
     torch.manual_seed(1)
     sub = tiny_model.encoder.subsampling.factor
     num_frames = 37  # longer than the lookback (8) many times over; last chunk partial
-    feats = torch.randn(1, num_frames * sub + sub - 1, tiny_model.cfg.n_mels)  # a ragged tail: dropped
+    feats = torch.randn(
+        1, num_frames * sub + sub - 1, tiny_model.cfg.n_mels
+    )  # a ragged tail: dropped
     with torch.no_grad():
         full, lengths = tiny_model.encoder(feats, torch.tensor([feats.shape[1]]), chunk_frames)
         state = tiny_model.encoder.init_state()

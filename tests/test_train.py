@@ -74,10 +74,23 @@ def test_resume_after_a_kill_is_exact(tmp_path, tone):
 
 def test_warm_start_from_a_model_folder(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
-    cfg = ModelConfig(d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, en_vocab=40, de_vocab=60, left_context_frames=16)
-    tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1, lr=0.0)
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        en_vocab=40,
+        de_vocab=60,
+        left_context_frames=16,
+    )
+    tcfg = TrainConfig(
+        steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1, lr=0.0
+    )
     first = train(corpus, tmp_path / "a", cfg, tcfg)
     folder = export(tmp_path / "a", tmp_path / "model")
-    second = train(corpus, tmp_path / "b", ModelConfig(), tcfg, init=folder)  # shape comes from init
+    second = train(
+        corpus, tmp_path / "b", ModelConfig(), tcfg, init=folder
+    )  # shape comes from init
     for (name, p), q in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
         assert torch.equal(p, q), name  # lr 0: the warm start is exactly the exported weights
