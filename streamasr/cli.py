@@ -171,17 +171,19 @@ def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
     live.set_defaults(func=cmd_live)
 
 
-def _session_factory(args: argparse.Namespace):
+def _load_model(args: argparse.Namespace):
+    """The model and session options the flags ask for; a chunk size it cannot serve is a usage error."""
     from .bundle import load_bundle
-    from .session import Session, SessionOptions
+    from .session import SessionOptions
 
     bundle = load_bundle(args.model)
-    options = SessionOptions(chunk_ms=args.chunk_ms, translate=args.translate, wait_k=args.wait_k)
     try:
         bundle.config.chunk_frames(args.chunk_ms)
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
-    return lambda stream, clock: Session(bundle, options, stream=stream, clock=clock)
+    return bundle, SessionOptions(
+        chunk_ms=args.chunk_ms, translate=args.translate, wait_k=args.wait_k
+    )
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
@@ -190,6 +192,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from .audio import AudioError
     from .outputs import make_writer
     from .runner import run_stream
+    from .session import Session
     from .sources import FileSource
 
     subtitles = args.format in ("srt", "vtt")
@@ -197,7 +200,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--format {args.format} of several files writes one file each: -o must be a folder"
         )
-    make_session = _session_factory(args)
+    bundle, options = _load_model(args)
     failures = 0
     single = (
         open(args.output, "w", encoding="utf-8")
@@ -219,7 +222,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             writer = make_writer(
                 args.format, out or sys.stdout, args.translate, show_stream=len(args.audio) > 1
             )
-            session = make_session(str(path), args.clock)
+            session = Session(bundle, options, stream=str(path), clock=args.clock)
             bar = tqdm(
                 total=round(source.duration_ms / 1000, 1),
                 unit="s",
@@ -251,15 +254,16 @@ def cmd_live(args: argparse.Namespace) -> int:
     from .live import LiveView
     from .outputs import JsonlWriter
     from .runner import run_stream
+    from .session import Session
     from .sources import DeviceError, MicSource, list_input_devices
 
     try:
         if args.list_devices:
             print("\n".join(list_input_devices()) or "no input devices")
             return 0
-        make_session = _session_factory(args)
+        bundle, options = _load_model(args)
         source = MicSource(args.device)
-        session = make_session(source.name, "wall")
+        session = Session(bundle, options, stream=source.name, clock="wall")
         stop = lambda *_: source.stop()  # noqa: E731 - Ctrl-C and SIGTERM end the stream cleanly
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
@@ -350,7 +354,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench_stream
     from .manifest import read_manifest
-    from .session import SessionOptions
 
     try:
         lengths = [float(m) for m in args.minutes.split(",")]
@@ -359,9 +362,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"--minutes: expected numbers such as 2,30, got {args.minutes!r}"
         ) from None
     utterances = read_manifest(args.manifest, limit=200)
-    make_session = _session_factory(args)  # validates model and chunk size
-    bundle = make_session("check", "virtual").bundle
-    options = SessionOptions(chunk_ms=args.chunk_ms, translate=args.translate, wait_k=args.wait_k)
+    bundle, options = _load_model(args)
     print(
         "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB  segments"
     )
