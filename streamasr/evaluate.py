@@ -91,9 +91,14 @@ def emission_delays(
 
 
 def run_instance(
-    bundle: Bundle, utt: Utterance, wait_k: int | None, chunk_ms: int, ref_ends: list[float]
+    bundle: Bundle,
+    utt: Utterance,
+    audio: np.ndarray,
+    wait_k: int | None,
+    chunk_ms: int,
+    ref_ends: list[float],
 ) -> Instance:
-    source = FileSource(utt.audio)
+    source = FileSource(utt.audio, audio=audio)
     translate = utt.translation is not None
     options = SessionOptions(chunk_ms=chunk_ms, translate=translate, wait_k=wait_k)
     session = Session(bundle, options, stream=utt.id, clock="virtual")
@@ -155,21 +160,20 @@ def summarize(instances: list[Instance], wait_k: int | str) -> dict:
 def evaluate(
     bundle: Bundle, utterances: list[Utterance], wait_ks: list[int | None], chunk_ms: int
 ) -> tuple[list[dict], list[Instance]]:
-    """Every (utterance, k) through a fresh Session; returns the per-k runs and all instances."""
-    ref_ends = {}
-    for utt in tqdm(utterances, desc="aligning references", unit="utt", leave=False):
-        ref_ends[utt.id] = word_ends_ms(bundle, load_audio(utt.audio), utt.text) if utt.text else []
-    runs, everything = [], []
-    total = len(utterances) * len(wait_ks)
-    with tqdm(total=total, desc="eval", unit="utt") as bar:
-        for k in wait_ks:
-            instances = []
-            for utt in utterances:
-                instances.append(run_instance(bundle, utt, k, chunk_ms, ref_ends[utt.id]))
+    """Every (utterance, k) through a fresh Session; returns the per-k runs and all instances.
+
+    Each file is decoded and its reference words aligned once, then streamed once per k.
+    """
+    per_k: dict[int | None, list[Instance]] = {k: [] for k in wait_ks}
+    with tqdm(total=len(utterances) * len(wait_ks), desc="eval", unit="run") as bar:
+        for utt in utterances:
+            audio = load_audio(utt.audio)
+            ref_ends = word_ends_ms(bundle, audio, utt.text) if utt.text else []
+            for k in wait_ks:
+                per_k[k].append(run_instance(bundle, utt, audio, k, chunk_ms, ref_ends))
                 bar.update(1)
-            runs.append(summarize(instances, "inf" if k is None else k))
-            everything += instances
-    return runs, everything
+    runs = [summarize(instances, "inf" if k is None else k) for k, instances in per_k.items()]
+    return runs, [ins for instances in per_k.values() for ins in instances]
 
 
 def instance_json(ins: Instance) -> dict:

@@ -60,10 +60,17 @@ class Source:
 class FileSource(Source):
     """A decoded file handed out in pieces; `pace=True` releases them in real time."""
 
-    def __init__(self, path: str | Path, piece_ms: float = 100, pace: bool = False):
+    def __init__(
+        self,
+        path: str | Path,
+        piece_ms: float = 100,
+        pace: bool = False,
+        audio: np.ndarray | None = None,
+    ):
+        """`audio`, when given, is the already decoded 16 kHz signal of `path` (decoded once)."""
         super().__init__()
         self.name = str(path)
-        self.audio = load_audio(path)
+        self.audio = load_audio(path) if audio is None else audio
         self.piece_samples = max(1, ms_to_samples(piece_ms))
         self.pace = pace
         self._position = 0
