@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import soundfile as sf
@@ -13,6 +12,16 @@ from conftest import SENTENCES_DE, SENTENCES_EN
 from streamasr.bundle import load_bundle
 from streamasr.config import ModelConfig
 from streamasr.train import TrainConfig, export, train
+
+TINY = ModelConfig(
+    d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, en_vocab=40, de_vocab=60,
+    left_context_frames=16,
+)  # fmt: skip
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
 
 
 def make_corpus(folder, tone):
@@ -39,28 +48,15 @@ def make_corpus(folder, tone):
 
 def test_resume_after_a_kill_is_exact(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
-    cfg = ModelConfig(
-        d_model=32,
-        n_heads=2,
-        d_ff=64,
-        encoder_layers=1,
-        decoder_layers=1,
-        en_vocab=40,
-        de_vocab=60,
-        left_context_frames=16,
-    )
     tcfg = TrainConfig(
         steps=4, batch_frames=900, val_every=1000, ckpt_every=1, val_utterances=2, warmup_steps=2
     )
-    straight = train(corpus, tmp_path / "a", cfg, tcfg)
-    train(corpus, tmp_path / "b", cfg, tcfg, stop_at=2)
+    straight = train(corpus, tmp_path / "a", TINY, tcfg)
+    train(corpus, tmp_path / "b", TINY, tcfg, stop_at=2)
     with open(tmp_path / "b" / "train_log.jsonl", "a") as log:  # a step logged, then killed
         log.write(json.dumps({"step": 3, "ctc": 0.0}) + "\n")
-    resumed = train(corpus, tmp_path / "b", cfg, tcfg)
-    for (name, p), q in zip(
-        straight.state_dict().items(), resumed.state_dict().values(), strict=True
-    ):
-        assert torch.equal(p, q), name
+    resumed = train(corpus, tmp_path / "b", TINY, tcfg)
+    assert_same_weights(straight, resumed)
     log = [
         json.loads(line) for line in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()
     ]
@@ -68,29 +64,18 @@ def test_resume_after_a_kill_is_exact(tmp_path, tone):
     assert "val" in log[-1]  # the last step validates
 
     bundle = load_bundle(export(tmp_path / "b", tmp_path / "model"))
-    assert bundle.config == replace(cfg)
+    assert bundle.config == TINY
     assert torch.equal(bundle.model.ctc_head.weight, resumed.ctc_head.weight)
 
 
 def test_warm_start_from_a_model_folder(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
-    cfg = ModelConfig(
-        d_model=32,
-        n_heads=2,
-        d_ff=64,
-        encoder_layers=1,
-        decoder_layers=1,
-        en_vocab=40,
-        de_vocab=60,
-        left_context_frames=16,
-    )
     tcfg = TrainConfig(
         steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1, lr=0.0
     )
-    first = train(corpus, tmp_path / "a", cfg, tcfg)
+    first = train(corpus, tmp_path / "a", TINY, tcfg)
     folder = export(tmp_path / "a", tmp_path / "model")
     second = train(
         corpus, tmp_path / "b", ModelConfig(), tcfg, init=folder
     )  # shape comes from init
-    for (name, p), q in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
-        assert torch.equal(p, q), name  # lr 0: the warm start is exactly the exported weights
+    assert_same_weights(first, second)  # lr 0: the warm start is exactly the exported weights
