@@ -21,10 +21,6 @@ def ms_to_samples(ms: float) -> int:
     return int(round(ms * SAMPLES_PER_MS))
 
 
-def samples_to_ms(samples: int) -> float:
-    return samples / SAMPLES_PER_MS
-
-
 def to_mono_16k(samples: np.ndarray, rate: int) -> np.ndarray:
     """(T,) or (T, C) float array at `rate` -> (T',) float32 at SAMPLE_RATE."""
     if samples.ndim == 2:

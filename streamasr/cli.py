@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be a positive integer, got {args.limit}")
     args.out.mkdir(parents=True, exist_ok=True)
-    summary = corpus.BuildSummary(per_voice=Counter())
+    summary = corpus.BuildSummary()
     for split in splits:
         english, german = corpus.read_multi30k(args.multi30k, split)
         jobs = corpus.plan_jobs(split, english, german, pool, args.seed, args.limit)

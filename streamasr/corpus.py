@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import soundfile as sf
@@ -173,14 +173,14 @@ class BuildSummary:
     utterances: int = 0
     seconds: float = 0.0
     failures: int = 0
-    per_voice: Counter | None = None
+    per_voice: Counter = field(default_factory=Counter)
 
     def lines(self) -> list[str]:
         out = [
             f"utterances: {self.utterances}  audio: {self.seconds / 3600:.2f} h  "
             f"failures: {self.failures}"
         ]
-        for voice, n in sorted((self.per_voice or Counter()).items(), key=lambda kv: -kv[1]):
+        for voice, n in sorted(self.per_voice.items(), key=lambda kv: -kv[1]):
             out.append(f"  {n:6d}  {voice}")
         return out
 

@@ -113,10 +113,6 @@ class FeatureStats:
     def normalize(self, frames: torch.Tensor) -> torch.Tensor:
         return (frames - self.mean) / self.std
 
-    @classmethod
-    def identity(cls, n_mels: int) -> FeatureStats:
-        return cls(mean=torch.zeros(n_mels), std=torch.ones(n_mels))
-
 
 class RunningStats:
     """Accumulates sums in float64 so that hours of frames give exact statistics."""

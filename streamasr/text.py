@@ -36,10 +36,6 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     @property
-    def pad_id(self) -> int:
-        return self.sp.pad_id()
-
-    @property
     def bos_id(self) -> int:
         return self.sp.bos_id()
 
@@ -52,9 +48,6 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode(list(ids))
-
-    def piece(self, token_id: int) -> str:
-        return self.sp.id_to_piece(token_id)
 
     def starts_word(self, token_id: int) -> bool:
         """True when the token opens a new word (sentencepiece's '▁' prefix)."""
