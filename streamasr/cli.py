@@ -52,7 +52,19 @@ def cmd_data_build(args: argparse.Namespace) -> int:
 
 
 # Training and model fields the `train` command exposes as flags (same names, dashes for _).
-TRAIN_OPTIONS = ("steps", "batch_frames", "val_every", "seed", "lr", "ctc_weight", "mt_weight")
+TRAIN_OPTIONS = (
+    "steps",
+    "batch_frames",
+    "val_every",
+    "seed",
+    "lr",
+    "warmup_steps",
+    "ctc_weight",
+    "mt_weight",
+    "augment_from",
+    "mt_detach",
+    "freeze_encoder",
+)
 MODEL_OPTIONS = ("d_model", "encoder_layers", "decoder_layers", "d_ff", "en_vocab", "de_vocab")
 
 
@@ -73,7 +85,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         for name in names:
             default = getattr(cls, name)
             flag = f"--{name.replace('_', '-')}"
-            train.add_argument(flag, type=type(default), default=default, help=f"default {default}")
+            if isinstance(default, bool):
+                train.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            else:
+                train.add_argument(
+                    flag, type=type(default), default=default, help=f"default {default}"
+                )
     train.set_defaults(func=cmd_train)
     export = sub.add_parser("export", help="write a model folder from a training work folder")
     export.add_argument("--work", type=Path, required=True)

@@ -16,6 +16,7 @@ class ModelConfig:
     # stride-2 causal convs: 2**2 = 4x -> 40 ms frames. 8x (80 ms) left about 2.3 frames per
     # transcript piece at TTS speaking rates and CTC training stalled; 40 ms gives about 4.6.
     subsampling_layers: int = 2
+    subsampling_channels: int = 64  # conv2d channels of the subsampling layers
     d_model: int = 192  # width of encoder and decoder
     n_heads: int = 4  # attention heads
     d_ff: int = 768  # feed-forward hidden width
@@ -27,7 +28,7 @@ class ModelConfig:
     unit_ms: int = 320  # wait-k source unit: this much encoded audio is one unit
     tokens_per_unit: int = 1  # target tokens written per source unit read
     wait_k_choices: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9, 0)  # sampled in training; 0 = inf
-    en_vocab: int = 500  # transcript sentencepiece size (id 0 = CTC blank)
+    en_vocab: int = 128  # transcript sentencepiece size (id 0 = CTC blank)
     de_vocab: int = 4000  # translation sentencepiece size
     max_target_tokens: int = 160  # decoder positions
     dropout: float = 0.1  # on attention/FFN outputs during training

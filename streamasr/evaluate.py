@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .bundle import Bundle
+from .decoding import CtcState, ctc_greedy_step
 from .features import LogMel
 from .manifest import Utterance
 from .metrics import corpus_latency
@@ -45,23 +46,34 @@ class Instance:
     transcript_word_ms: list[float]
     compute_ms: float
     emission_delays_ms: list[float]  # per matched transcript word: emitted - word end
+    full_context_transcript: str  # the same model's greedy CTC output without chunking
 
 
-def word_ends_ms(bundle: Bundle, audio: np.ndarray, text: str) -> list[float]:
-    """End time of each reference word, by CTC forced alignment on full-context output."""
-    words = normalize_transcript(text).split()
-    if not words:
-        return []
-    tokens_per_word = [bundle.en.encode(w) for w in words]
-    targets = torch.tensor([[t for toks in tokens_per_word for t in toks]])
+@dataclass(frozen=True)
+class FullContext:
+    """One full-context pass over a file: the model's offline transcript and reference word ends."""
+
+    transcript: str
+    word_ends_ms: list[float]  # end of each reference word, by CTC forced alignment
+
+
+def full_context_pass(bundle: Bundle, audio: np.ndarray, text: str | None) -> FullContext:
     feats = bundle.stats.normalize(LogMel(bundle.config.feature_config())(torch.from_numpy(audio)))[
         None
     ]
     with torch.inference_mode():
-        frames, lengths = bundle.model.encoder(
-            feats, torch.tensor([feats.shape[1]]), chunk_frames=-1
-        )
+        frames, _ = bundle.model.encoder(feats, torch.tensor([feats.shape[1]]), chunk_frames=-1)
         log_probs = bundle.model.ctc_log_probs(frames)
+    tokens, _ = ctc_greedy_step(log_probs[0], CtcState())
+    transcript = bundle.en.decode([t for t, _ in tokens])
+    return FullContext(transcript, word_ends_ms(bundle, log_probs, text or ""))
+
+
+def word_ends_ms(bundle: Bundle, log_probs: torch.Tensor, text: str) -> list[float]:
+    """End time of each reference word, by CTC forced alignment on (1, T, V) log-probs."""
+    words = normalize_transcript(text).split()
+    tokens_per_word = [bundle.en.encode(w) for w in words]
+    targets = torch.tensor([[t for toks in tokens_per_word for t in toks]], dtype=torch.int32)
     if targets.shape[1] == 0 or targets.shape[1] > log_probs.shape[1]:
         return []
     labels, _ = AF.forced_align(log_probs, targets, blank=0)
@@ -96,7 +108,7 @@ def run_instance(
     audio: np.ndarray,
     wait_k: int | None,
     chunk_ms: int,
-    ref_ends: list[float],
+    offline: FullContext,
 ) -> Instance:
     source = FileSource(utt.audio, audio=audio)
     translate = utt.translation is not None
@@ -118,7 +130,8 @@ def run_instance(
         elapsed_ms=[w.elapsed_ms for w in session.translation_words],
         transcript_word_ms=hyp_ms,
         compute_ms=sum(session.chunk_compute_ms),
-        emission_delays_ms=emission_delays(hyp_words, hyp_ms, ref_words, ref_ends),
+        emission_delays_ms=emission_delays(hyp_words, hyp_ms, ref_words, offline.word_ends_ms),
+        full_context_transcript=offline.transcript,
     )
 
 
@@ -126,8 +139,14 @@ def summarize(instances: list[Instance], wait_k: int | str) -> dict:
     with_text = [i for i in instances if i.text_ref is not None]
     refs = [normalize_transcript(i.text_ref) for i in with_text]
     hyps = [normalize_transcript(i.transcript) for i in with_text]
-    wer = 100 * jiwer.wer(refs, hyps) if refs else None
-    run: dict = {"wait_k": wait_k, "wer": wer, "bleu": None, "chrf": None}
+    offline = [normalize_transcript(i.full_context_transcript) for i in with_text]
+    run: dict = {
+        "wait_k": wait_k,
+        "wer": 100 * jiwer.wer(refs, hyps) if refs else None,
+        "wer_full_context": 100 * jiwer.wer(refs, offline) if refs else None,
+        "bleu": None,
+        "chrf": None,
+    }
     with_translation = [i for i in instances if i.translation_ref is not None]
     if with_translation:
         hyp_de = [i.translation for i in with_translation]
@@ -162,15 +181,16 @@ def evaluate(
 ) -> tuple[list[dict], list[Instance]]:
     """Every (utterance, k) through a fresh Session; returns the per-k runs and all instances.
 
-    Each file is decoded and its reference words aligned once, then streamed once per k.
+    Each file is decoded in full context and its reference words aligned once, then streamed
+    once per k.
     """
     per_k: dict[int | None, list[Instance]] = {k: [] for k in wait_ks}
     with tqdm(total=len(utterances) * len(wait_ks), desc="eval", unit="run") as bar:
         for utt in utterances:
             audio = load_audio(utt.audio)
-            ref_ends = word_ends_ms(bundle, audio, utt.text) if utt.text else []
+            offline = full_context_pass(bundle, audio, utt.text)
             for k in wait_ks:
-                per_k[k].append(run_instance(bundle, utt, audio, k, chunk_ms, ref_ends))
+                per_k[k].append(run_instance(bundle, utt, audio, k, chunk_ms, offline))
                 bar.update(1)
     runs = [summarize(instances, "inf" if k is None else k) for k, instances in per_k.items()]
     return runs, [ins for instances in per_k.values() for ins in instances]
@@ -182,6 +202,7 @@ def instance_json(ins: Instance) -> dict:
         "text_ref": ins.text_ref, "translation_ref": ins.translation_ref, "source_ms": ins.source_ms,
         "delays_ms": ins.delays_ms, "elapsed_ms": [round(e, 1) for e in ins.elapsed_ms],
         "transcript_word_ms": ins.transcript_word_ms,
+        "full_context_transcript": ins.full_context_transcript,
     }  # fmt: skip
 
 
@@ -242,6 +263,7 @@ def plot_latency_quality(runs: list[dict], path: Path, title: str) -> None:
 COLUMNS = (
     "wait_k",
     "wer",
+    "wer_full_context",
     "bleu",
     "chrf",
     "AL",

@@ -46,42 +46,49 @@ def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
 
 @dataclass(frozen=True)
 class SubsamplingState:
-    tails: tuple[Tensor, ...]  # per conv layer, its last input frame: (B, 1, C_in)
+    tails: tuple[Tensor, ...]  # per conv layer, its last input frame: (B, C_in, 1, F_in)
 
 
 class CausalSubsampling(nn.Module):
-    """Stride-2 causal conv1d layers: output j of a layer sees its inputs 2j-1, 2j, 2j+1.
+    """Stride-2 causal conv2d layers over (time, mel), then a projection to d_model.
 
-    Inputs are trimmed to a multiple of the total stride, so that the whole-sequence pass and
-    the chunk-by-chunk pass see the same frames.
+    Output j of a layer sees its input frames 2j-1, 2j, 2j+1. Convolving along the mel axis
+    shares weights across frequency, so a formant shift between speakers is a shift of the
+    feature map, not a new pattern. Inputs are trimmed to a multiple of the total stride, so
+    that the whole-sequence pass and the chunk-by-chunk pass see the same frames.
     """
 
-    def __init__(self, n_mels: int, d_model: int, num_layers: int):
+    def __init__(self, n_mels: int, d_model: int, num_layers: int, channels: int):
         super().__init__()
-        channels = [n_mels] + [d_model] * num_layers
+        in_channels, self.freqs = [1] + [channels] * (num_layers - 1), [n_mels]
+        for _ in range(num_layers):
+            self.freqs.append((self.freqs[-1] - 3) // 2 + 1)
         self.convs = nn.ModuleList(
-            nn.Conv1d(c_in, c_out, kernel_size=3, stride=2)
-            for c_in, c_out in zip(channels, channels[1:])
+            nn.Conv2d(c_in, channels, kernel_size=3, stride=2) for c_in in in_channels
         )
+        self.proj = nn.Linear(channels * self.freqs[-1], d_model)
         self.factor = 2**num_layers
 
     def init_state(self, batch: int, device=None) -> SubsamplingState:
         return SubsamplingState(
             tails=tuple(
-                torch.zeros(batch, 1, conv.in_channels, device=device) for conv in self.convs
+                torch.zeros(batch, conv.in_channels, 1, freq, device=device)
+                for conv, freq in zip(self.convs, self.freqs)
             )
         )
 
-    def _layer(self, conv: nn.Conv1d, x: Tensor, tail: Tensor) -> Tensor:
-        x = torch.cat([tail, x], dim=1)  # (B, 1 + T, C)
-        return F.gelu(conv(x.transpose(1, 2)).transpose(1, 2))
+    def _layer(self, conv: nn.Conv2d, x: Tensor, tail: Tensor) -> Tensor:
+        return F.gelu(conv(torch.cat([tail, x], dim=2)))  # time is dim 2 of (B, C, T, F)
+
+    def _project(self, x: Tensor) -> Tensor:
+        return self.proj(x.transpose(1, 2).flatten(2))  # (B, C, T, F) -> (B, T, d_model)
 
     def forward(self, feats: Tensor) -> Tensor:
         """(B, T_feat, n_mels) -> (B, T_feat // factor, d_model)."""
-        x = feats[:, : feats.shape[1] // self.factor * self.factor]
+        x = feats[:, None, : feats.shape[1] // self.factor * self.factor]
         for conv in self.convs:
-            x = self._layer(conv, x, x.new_zeros(x.shape[0], 1, x.shape[2]))
-        return x
+            x = self._layer(conv, x, torch.zeros_like(x[:, :, :1]))
+        return self._project(x)
 
     def step(self, feats: Tensor, state: SubsamplingState) -> tuple[Tensor, SubsamplingState]:
         """(B, T_feat, n_mels) with T_feat a multiple of factor -> (B, T_feat // factor, d_model)."""
@@ -89,11 +96,11 @@ class CausalSubsampling(nn.Module):
             raise ValueError(
                 f"step needs a multiple of {self.factor} feature frames, got {feats.shape[1]}"
             )
-        x, tails = feats, []
+        x, tails = feats[:, None], []
         for conv, tail in zip(self.convs, state.tails):
-            tails.append(x[:, -1:])
+            tails.append(x[:, :, -1:])
             x = self._layer(conv, x, tail)
-        return x, SubsamplingState(tails=tuple(tails))
+        return self._project(x), SubsamplingState(tails=tuple(tails))
 
 
 # --------------------------------------------------------------------------- encoder
@@ -224,7 +231,9 @@ class StreamingEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.subsampling = CausalSubsampling(cfg.n_mels, cfg.d_model, cfg.subsampling_layers)
+        self.subsampling = CausalSubsampling(
+            cfg.n_mels, cfg.d_model, cfg.subsampling_layers, cfg.subsampling_channels
+        )
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
 

@@ -42,15 +42,18 @@ class TrainError(ValueError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 30000  # optimizer steps in all (resume continues towards this)
-    batch_frames: int = 16000  # feature frames per batch, padding included (160 s of audio)
+    steps: int = 5000  # optimizer steps in all (resume continues towards this)
+    batch_frames: int = 6000  # feature frames per batch, padding included (60 s of audio)
     lr: float = 1.5e-3  # peak learning rate after warm-up
-    warmup_steps: int = 400  # linear warm-up
+    warmup_steps: int = 200  # linear warm-up
     weight_decay: float = 0.01
     ctc_weight: float = 1.0  # per-token CTC loss weight
-    mt_weight: float = 1.0  # per-token translation cross-entropy weight
+    mt_weight: float = 0.5  # per-token translation cross-entropy weight
     label_smoothing: float = 0.1
     full_context_prob: float = 0.2  # batches trained without the chunk mask
+    augment_from: int = 1000  # first step with augmentation: the encoder first fits clean speech
+    mt_detach: bool = True  # the translation loss trains the decoder only, not the encoder
+    freeze_encoder: bool = False  # encoder fixed (no gradients, no CTC): decoder-only training
     grad_clip: float = 5.0
     val_every: int = 500  # steps between validations
     ckpt_every: int = 100  # steps between checkpoints
@@ -195,23 +198,28 @@ def loss_on_batch(
     model: SpeechTranslator, batch, chunk_frames: int, wait_k: int | None, tcfg: TrainConfig
 ):
     feats, lengths, en, de_in, de_out = batch
-    frames, frame_lengths = model.encoder(feats, lengths, chunk_frames)
-    log_probs = model.ctc_log_probs(frames)
-    en_lengths = torch.tensor([len(t) for t in en])
-    ctc = F.ctc_loss(
-        log_probs.transpose(0, 1),
-        torch.cat(en),
-        frame_lengths,
-        en_lengths,
-        blank=0,
-        reduction="sum",
-        zero_infinity=True,
-    ) / en_lengths.sum().clamp_min(1)
+    with torch.set_grad_enabled(not tcfg.freeze_encoder and torch.is_grad_enabled()):
+        frames, frame_lengths = model.encoder(feats, lengths, chunk_frames)
+    if tcfg.freeze_encoder:
+        ctc = frames.new_zeros(())
+    else:
+        log_probs = model.ctc_log_probs(frames)
+        en_lengths = torch.tensor([len(t) for t in en])
+        ctc = F.ctc_loss(
+            log_probs.transpose(0, 1),
+            torch.cat(en),
+            frame_lengths,
+            en_lengths,
+            blank=0,
+            reduction="sum",
+            zero_infinity=True,
+        ) / en_lengths.sum().clamp_min(1)
     cfg = model.cfg
     visible = wait_k_visible_frames(
         de_in.shape[1], frame_lengths, wait_k, cfg.unit_frames, cfg.tokens_per_unit
     )
-    logits = model.decoder(de_in, frames, visible)
+    memory = frames.detach() if tcfg.mt_detach else frames
+    logits = model.decoder(de_in, memory, visible)
     mt = F.cross_entropy(
         logits.transpose(1, 2), de_out, ignore_index=0, label_smoothing=tcfg.label_smoothing
     )
@@ -309,7 +317,7 @@ def train(
         len(train_cache.items),
     )
     aug = AugmentConfig()
-    model.train()
+    _train_mode(model, tcfg)
     log_file = open(work / "train_log.jsonl", "a")
     bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
     lengths = train_cache.lengths()
@@ -325,7 +333,15 @@ def train(
                 else rng.choice(cfg.chunk_frames_choices)
             )
             k = rng.choice(cfg.wait_k_choices)
-            batch = collate(train_cache, indices, stats, aug, gen, de.bos_id, de.eos_id)
+            batch = collate(
+                train_cache,
+                indices,
+                stats,
+                aug if step >= tcfg.augment_from else None,
+                gen,
+                de.bos_id,
+                de.eos_id,
+            )
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, tcfg)
             ctc, mt = loss_on_batch(model, batch, chunk, k or None, tcfg)
@@ -355,6 +371,7 @@ def train(
                     model, val_cache, stats, de, en, chunk_frames=cfg.chunk_frames(320)
                 )
                 log.info("step %d val %s", step, record["val"])
+                _train_mode(model, tcfg)
             log_file.write(json.dumps(record, ensure_ascii=False) + "\n")
             log_file.flush()
             if step % tcfg.ckpt_every == 0 or step == last:
@@ -364,6 +381,13 @@ def train(
     bar.close()
     log_file.close()
     return model
+
+
+def _train_mode(model: SpeechTranslator, tcfg: TrainConfig) -> None:
+    """Training mode; a frozen encoder stays in eval mode, giving exactly its inference output."""
+    model.train()
+    if tcfg.freeze_encoder:
+        model.encoder.eval()
 
 
 def _warm_start_files(init: Path, work: Path) -> ModelConfig:

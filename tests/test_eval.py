@@ -11,7 +11,7 @@ import soundfile as sf
 from streamasr.cli import main
 from streamasr.metrics import average_lagging, length_adaptive_average_lagging
 
-RUN_KEYS = {"wait_k", "wer", "bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset",
+RUN_KEYS = {"wait_k", "wer", "wer_full_context", "bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset",
             "AL_CA", "LAAL_CA", "DAL_CA", "asr_delay_ms", "rtf"}  # fmt: skip
 
 
@@ -64,6 +64,9 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
         assert run["bleu"] is not None and run["wer"] is not None and run["rtf"] > 0
     instances = [json.loads(line) for line in (out / "instances.jsonl").read_text().splitlines()]
     assert len(instances) == 6
+    assert len({r["wer_full_context"] for r in summary["runs"]}) == 1  # one offline pass per file
+    for utt in ("a", "b"):
+        assert len({i["full_context_transcript"] for i in instances if i["id"] == utt}) == 1
     for ins in instances:
         assert len(ins["delays_ms"]) == len(ins["elapsed_ms"]) == len(ins["translation"].split())
         assert len(ins["transcript_word_ms"]) == len(ins["transcript"].split())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -66,7 +67,7 @@ def feed(fifo, audio: np.ndarray, stop: threading.Event) -> None:
     """Write audio, then silence, in real time, until stopped."""
     pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
     silence = bytes(3200)  # 100 ms
-    with open(fifo, "wb") as f:
+    with contextlib.suppress(BrokenPipeError), open(fifo, "wb") as f:  # until the mic is unloaded
         t0, sent = time.perf_counter(), 0
         position = 0
         while not stop.is_set():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import soundfile as sf
@@ -11,7 +12,7 @@ from conftest import SENTENCES_DE, SENTENCES_EN
 
 from streamasr.bundle import load_bundle
 from streamasr.config import ModelConfig
-from streamasr.train import TrainConfig, export, train
+from streamasr.train import TrainConfig, collate, export, loss_on_batch, prepare, train
 
 TINY = ModelConfig(
     d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, en_vocab=40, de_vocab=60,
@@ -49,8 +50,9 @@ def make_corpus(folder, tone):
 def test_resume_after_a_kill_is_exact(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
     tcfg = TrainConfig(
-        steps=4, batch_frames=900, val_every=1000, ckpt_every=1, val_utterances=2, warmup_steps=2
-    )
+        steps=4, batch_frames=900, val_every=1000, ckpt_every=1, val_utterances=2, warmup_steps=2,
+        augment_from=2,
+    )  # fmt: skip
     straight = train(corpus, tmp_path / "a", TINY, tcfg)
     train(corpus, tmp_path / "b", TINY, tcfg, stop_at=2)
     with open(tmp_path / "b" / "train_log.jsonl", "a") as log:  # a step logged, then killed
@@ -79,3 +81,29 @@ def test_warm_start_from_a_model_folder(tmp_path, tone):
         corpus, tmp_path / "b", ModelConfig(), tcfg, init=folder
     )  # shape comes from init
     assert_same_weights(first, second)  # lr 0: the warm start is exactly the exported weights
+
+
+def test_frozen_encoder_trains_the_decoder_only(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    folder = export(tmp_path / "a", tmp_path / "model")
+    frozen = replace(tcfg, freeze_encoder=True)
+    second = train(corpus, tmp_path / "b", TINY, frozen, init=folder)
+    first = load_bundle(folder).model
+    assert_same_weights(first.encoder, second.encoder)
+    assert torch.equal(first.ctc_head.weight, second.ctc_head.weight)
+    assert not torch.equal(first.decoder.out.weight, second.decoder.out.weight)
+
+
+def test_detached_translation_loss_leaves_the_encoder_alone(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, mt_detach=True)
+    model = train(corpus, tmp_path / "a", TINY, replace(tcfg, lr=0.0))
+    cache, _, stats, _, de = prepare(corpus, tmp_path / "a", TINY, 2)
+    batch = collate(cache, [0, 1], stats, None, torch.Generator(), de.bos_id, de.eos_id)
+    model.zero_grad(set_to_none=True)
+    _, mt = loss_on_batch(model, batch, chunk_frames=2, wait_k=1, tcfg=tcfg)
+    mt.backward()
+    assert all(p.grad is None for p in model.encoder.parameters())
+    assert model.decoder.out.weight.grad.abs().sum() > 0
