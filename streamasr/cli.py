@@ -86,7 +86,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
             default = getattr(cls, name)
             flag = f"--{name.replace('_', '-')}"
             if isinstance(default, bool):
-                train.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+                train.add_argument(
+                    flag,
+                    action=argparse.BooleanOptionalAction,
+                    default=default,
+                    help=f"default {default}",
+                )
             else:
                 train.add_argument(
                     flag, type=type(default), default=default, help=f"default {default}"

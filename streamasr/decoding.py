@@ -37,6 +37,12 @@ def ctc_greedy_step(log_probs: Tensor, state: CtcState) -> tuple[list[tuple[int,
     return emitted, CtcState(previous=previous, trailing_blank_frames=trailing)
 
 
+def ctc_greedy_tokens(log_probs: Tensor) -> list[int]:
+    """(T, V) log-probs of a whole utterance -> its greedy CTC token ids."""
+    tokens, _ = ctc_greedy_step(log_probs, CtcState())
+    return [token for token, _ in tokens]
+
+
 @dataclass(frozen=True)
 class TranslatorState:
     decoder: DecoderState

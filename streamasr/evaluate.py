@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .bundle import Bundle
-from .decoding import CtcState, ctc_greedy_step
+from .decoding import ctc_greedy_tokens
 from .features import LogMel
 from .manifest import Utterance
 from .metrics import corpus_latency
@@ -64,8 +64,7 @@ def full_context_pass(bundle: Bundle, audio: np.ndarray, text: str | None) -> Fu
     with torch.inference_mode():
         frames, _ = bundle.model.encoder(feats, torch.tensor([feats.shape[1]]), chunk_frames=-1)
         log_probs = bundle.model.ctc_log_probs(frames)
-    tokens, _ = ctc_greedy_step(log_probs[0], CtcState())
-    transcript = bundle.en.decode([t for t, _ in tokens])
+    transcript = bundle.en.decode(ctc_greedy_tokens(log_probs[0]))
     return FullContext(transcript, word_ends_ms(bundle, log_probs, text or ""))
 
 

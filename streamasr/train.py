@@ -26,7 +26,7 @@ from .audio import load_audio
 from .augment import AugmentConfig, augment_logmel, spec_augment
 from .bundle import Bundle, load_bundle
 from .config import ModelConfig
-from .decoding import CtcState, ctc_greedy_step, translate_segment
+from .decoding import ctc_greedy_tokens, translate_segment
 from .features import FeatureStats, LogMel, RunningStats
 from .manifest import read_manifest
 from .model import SpeechTranslator, wait_k_visible_frames
@@ -42,7 +42,7 @@ class TrainError(ValueError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 5000  # optimizer steps in all (resume continues towards this)
+    steps: int = 5600  # optimizer steps in all (resume continues towards this)
     batch_frames: int = 6000  # feature frames per batch, padding included (60 s of audio)
     lr: float = 1.5e-3  # peak learning rate after warm-up
     warmup_steps: int = 200  # linear warm-up
@@ -245,8 +245,7 @@ def validate(
         for i, item in enumerate(val.items):
             x = stats.normalize(val.utterance(i))[None]
             frames, _ = model.encoder(x, torch.tensor([x.shape[1]]), chunk_frames)
-            tokens, _ = ctc_greedy_step(model.ctc_log_probs(frames)[0], CtcState())
-            hyps.append(en.decode([t for t, _ in tokens]))
+            hyps.append(en.decode(ctc_greedy_tokens(model.ctc_log_probs(frames)[0])))
             refs.append(item["text"])
             for name, k in (("3", 3), ("inf", None)):
                 out = translate_segment(
