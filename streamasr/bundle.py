@@ -1,18 +1,22 @@
-"""A model folder: config.json, model.safetensors, feature_stats.safetensors, en.model, de.model.
+"""A model folder: config.json, model.safetensors, feature_stats.safetensors, en.model, de.model,
+and optionally the transcript word LM (lm.arpa, lexicon.txt) for CTC beam search.
 
-Loading reads JSON, safetensors and sentencepiece files only: nothing is unpickled.
+Loading reads JSON, safetensors, sentencepiece and text files only: nothing is unpickled.
 """
 
 from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
+from .decoding import BeamOptions, CtcBeamSearch, WordLM
 from .features import FeatureStats
+from .lm import LEXICON_FILE, LM_FILE
 from .model import SpeechTranslator
 from .text import Tokenizer
 
@@ -31,6 +35,21 @@ class Bundle:
     stats: FeatureStats
     en: Tokenizer
     de: Tokenizer
+    lm_folder: Path | None = None  # holds lm.arpa and lexicon.txt
+
+    @property
+    def has_lm(self) -> bool:
+        return self.lm_folder is not None
+
+    @cached_property
+    def word_lm(self) -> WordLM:
+        if self.lm_folder is None:
+            raise ModelFolderError("this model folder has no word LM (lm.arpa, lexicon.txt)")
+        return WordLM(self.lm_folder / LEXICON_FILE, self.lm_folder / LM_FILE)
+
+    def beam_search(self, options: BeamOptions) -> CtcBeamSearch:
+        tokens = [self.en.sp.id_to_piece(i) for i in range(len(self.en))]
+        return CtcBeamSearch(self.word_lm, tokens, options)
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -45,6 +64,9 @@ class Bundle:
         for tok, name in ((self.en, "en.model"), (self.de, "de.model")):
             if tok.path.resolve() != (folder / name).resolve():
                 shutil.copyfile(tok.path, folder / name)
+        if self.lm_folder is not None and self.lm_folder.resolve() != folder.resolve():
+            for name in (LM_FILE, LEXICON_FILE):
+                shutil.copyfile(self.lm_folder / name, folder / name)
 
 
 def load_bundle(folder: str | Path | None = None) -> Bundle:
@@ -69,4 +91,5 @@ def load_bundle(folder: str | Path | None = None) -> Bundle:
         stats=FeatureStats(mean=stats["mean"], std=stats["std"]),
         en=Tokenizer(folder / "en.model"),
         de=Tokenizer(folder / "de.model"),
+        lm_folder=folder if all((folder / f).is_file() for f in (LM_FILE, LEXICON_FILE)) else None,
     )

@@ -26,6 +26,12 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--splits", default="train,val,test_2016_flickr", help="comma-separated")
     build.add_argument("--voices", help="train voice pool, ENGINE:VOICE,... (default: all)")
     build.add_argument("--limit", type=int, help="at most N sentences per split")
+    build.add_argument(
+        "--pool-voices",
+        action="store_true",
+        help="every split speaks with train-pool voices (a tuning set that keeps the evaluation"
+        " voices unseen)",
+    )
     build.add_argument("--jobs", type=int, default=2, help="parallel synthesis processes")
     build.add_argument("--seed", type=int, default=0, help="voice/prosody seed")
     build.set_defaults(func=cmd_data_build)
@@ -43,7 +49,9 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     summary = corpus.BuildSummary()
     for split in splits:
         english, german = corpus.read_multi30k(args.multi30k, split)
-        jobs = corpus.plan_jobs(split, english, german, pool, args.seed, args.limit)
+        jobs = corpus.plan_jobs(
+            split, english, german, pool, args.seed, args.limit, args.pool_voices
+        )
         manifest = corpus.build_split(jobs, args.out, args.jobs, summary)
         print(f"wrote {manifest}", file=sys.stderr)
     for line in summary.lines():
@@ -101,6 +109,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--work", type=Path, required=True)
     export.add_argument("--out", type=Path, required=True)
     export.set_defaults(func=cmd_export)
+    lm = sub.add_parser(
+        "lm", help="add a word LM of the training transcripts to a model folder (beam search)"
+    )
+    lm.add_argument("--corpus", type=Path, required=True, help="corpus folder (train.jsonl)")
+    lm.add_argument("--model", type=Path, required=True, help="model folder to add it to")
+    lm.add_argument("--order", type=_positive_int, default=3, help="n-gram order (default 3)")
+    lm.set_defaults(func=cmd_lm)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -116,6 +131,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         train(args.corpus, args.work, model_cfg, train_cfg, stop_at=args.stop_at, init=args.init)
     except TrainError as err:
         raise UsageError(str(err)) from None
+    return 0
+
+
+def cmd_lm(args: argparse.Namespace) -> int:
+    from .lm import LEXICON_FILE, LM_FILE, build_transcript_lm
+    from .manifest import read_manifest
+    from .text import Tokenizer
+
+    manifest = args.corpus / "train.jsonl"
+    if not manifest.is_file():
+        raise UsageError(f"{args.corpus}: no train.jsonl (build it with `streamasr data build`)")
+    if not (args.model / "en.model").is_file():
+        raise UsageError(f"{args.model}: no en.model (not a model folder)")
+    texts = [row.text for row in read_manifest(manifest) if row.text]
+    sizes = build_transcript_lm(texts, Tokenizer(args.model / "en.model"), args.model, args.order)
+    counts = ", ".join(f"{count} {n}-grams" for n, count in sizes.items())
+    print(f"wrote {args.model / LM_FILE} ({counts} from {len(texts)} sentences), {LEXICON_FILE}")
     return 0
 
 
@@ -147,6 +179,39 @@ def _wait_k(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _add_decoder_options(p: argparse.ArgumentParser) -> None:
+    from .decoding import BeamOptions
+
+    default = BeamOptions()
+    p.add_argument(
+        "--decoder",
+        choices=("beam", "greedy"),
+        default="beam",
+        help="transcript search: beam (with the model folder's word LM; greedy when it has"
+        " none) or greedy CTC (default beam)",
+    )
+    p.add_argument(
+        "--beam-size",
+        type=_positive_int,
+        default=default.beam_size,
+        help=f"default {default.beam_size}",
+    )
+    p.add_argument(
+        "--lm-weight", type=float, default=default.lm_weight, help=f"default {default.lm_weight}"
+    )
+    p.add_argument(
+        "--word-score", type=float, default=default.word_score, help=f"default {default.word_score}"
+    )
+
+
+def _beam_options(args: argparse.Namespace):
+    from .decoding import BeamOptions
+
+    if args.decoder == "greedy":
+        return None
+    return BeamOptions(args.beam_size, args.lm_weight, args.word_score)
+
+
 def _add_session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, help="model folder (default: the shipped models/base)")
     p.add_argument("--translate", action="store_true", help="also translate into German")
@@ -156,6 +221,7 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chunk-ms", type=_positive_int, default=320, help="encoder chunk (default 320)"
     )
+    _add_decoder_options(p)
 
 
 def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
@@ -203,7 +269,10 @@ def _load_model(args: argparse.Namespace):
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
     return bundle, SessionOptions(
-        chunk_ms=args.chunk_ms, translate=args.translate, wait_k=args.wait_k
+        chunk_ms=args.chunk_ms,
+        translate=args.translate,
+        wait_k=args.wait_k,
+        beam=_beam_options(args),
     )
 
 
@@ -327,6 +396,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--out", type=Path, default=Path("runs/eval"), help="output folder (default runs/eval)"
     )
+    _add_decoder_options(ev)
     ev.set_defaults(func=cmd_eval)
 
 
@@ -349,9 +419,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bundle.config.chunk_frames(args.chunk_ms)
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
-    runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms)
+    runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms, _beam_options(args))
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
-    write_outputs(args.out, model_name, args.chunk_ms, runs, instances)
+    beam = _beam_options(args)
+    decoder = str(beam) if beam is not None and bundle.has_lm else "greedy"
+    write_outputs(args.out, model_name, args.chunk_ms, runs, instances, decoder)
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"
     )
@@ -361,6 +433,76 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_row(*row)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     print(f"wrote {args.out}/summary.json, instances.jsonl, latency_quality.png")
+    return 0
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers such as 0.5,1,2, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected numbers such as 0.5,1,2")
+    return values
+
+
+def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
+    tune = sub.add_parser(
+        "tune-lm", help="transcript WER of greedy search and of beam-search settings on a manifest"
+    )
+    tune.add_argument("manifest", type=Path, help="a tuning set: never the evaluation voices")
+    tune.add_argument("--model", type=Path, help="model folder (default: the shipped models/base)")
+    tune.add_argument("--chunk-ms", type=_positive_int, default=320, help="default 320")
+    tune.add_argument("--limit", type=_positive_int, help="first N utterances only")
+    tune.add_argument(
+        "--lm-weights", type=_float_list, default=[0.5, 1.0, 2.0], help="default 0.5,1,2"
+    )
+    tune.add_argument(
+        "--word-scores", type=_float_list, default=[-1.0, 0.0, 1.0], help="default -1,0,1"
+    )
+    tune.add_argument("--beam-sizes", type=_float_list, default=[16], help="default 16")
+    tune.set_defaults(func=cmd_tune_lm)
+
+
+def cmd_tune_lm(args: argparse.Namespace) -> int:
+    from .bundle import load_bundle
+    from .decoding import BeamOptions
+    from .evaluate import tune_beam
+    from .manifest import read_manifest
+
+    utterances = [u for u in read_manifest(args.manifest, args.limit) if u.text]
+    if not utterances:
+        raise UsageError(f"{args.manifest}: no utterances with text")
+    bundle = load_bundle(args.model)
+    if not bundle.has_lm:
+        raise UsageError("the model folder has no word LM: add one with `streamasr lm`")
+    try:
+        bundle.config.chunk_frames(args.chunk_ms)
+    except ValueError as err:
+        raise UsageError(f"--chunk-ms: {err}") from None
+    grid = [
+        BeamOptions(int(size), weight, score)
+        for size in args.beam_sizes
+        for weight in args.lm_weights
+        for score in args.word_scores
+    ]
+    rows = tune_beam(bundle, utterances, args.chunk_ms, grid)
+    print(f"{len(utterances)} utterances, {args.chunk_ms} ms chunks")
+    print("beam_size  lm_weight  word_score   WER %")
+    for options, wer in rows:
+        if options is None:
+            print(f"{'greedy':>9}  {'':>9}  {'':>10}  {wer:6.2f}")
+        else:
+            print(
+                f"{options.beam_size:>9}  {options.lm_weight:>9g}  {options.word_score:>10g}  {wer:6.2f}"
+            )
+    best, wer = min(rows[1:], key=lambda row: row[1])
+    print(
+        f"best: --beam-size {best.beam_size} --lm-weight {best.lm_weight:g}"
+        f" --word-score {best.word_score:g} ({wer:.2f} % WER)"
+    )
     return 0
 
 
@@ -435,6 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_stream_commands(sub)
     _add_eval(sub)
+    _add_tune_lm(sub)
     _add_bench(sub)
     _add_results(sub)
     return parser

@@ -94,15 +94,17 @@ def plan_jobs(
     train_pool: dict[str, list[Voice]],
     seed: int,
     limit: int | None = None,
+    pool_voices: bool = False,
 ) -> list[Job]:
-    """One job per sentence; train draws voice and prosody, other splits cycle eval voices."""
+    """One job per sentence; train (or any split, with pool_voices) draws voice and prosody
+    from the train pool; other splits cycle the evaluation voices."""
     count = len(english) if limit is None else min(limit, len(english))
     engines = [e for e in train_pool if train_pool[e]]
     weights = [ENGINE_WEIGHTS.get(e, 0.1) for e in engines]
     jobs = []
     for index in range(count):
         rng = random.Random(f"{seed}:{split}:{index}")
-        if split == "train":
+        if split == "train" or pool_voices:
             engine = rng.choices(engines, weights)[0]
             voice = rng.choice(train_pool[engine])
             prosody = Prosody(

@@ -1,12 +1,19 @@
-"""Decoding: streaming CTC greedy search and the wait-k incremental translator.
+"""Decoding: streaming CTC search (greedy, or beam search with a word LM) and the wait-k
+incremental translator.
 
-Both carry explicit frozen states, so a session, the trainer's validation and the evaluation
-run the same code.
+Greedy search and the translator carry explicit frozen states, so a session, the trainer's
+validation and the evaluation run the same code. The beam search is flashlight-text's lexicon
+decoder (through torchaudio), stepped chunk by chunk; a word is emitted once every hypothesis
+in the beam agrees on it, so emitted words are never revised.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -41,6 +48,95 @@ def ctc_greedy_tokens(log_probs: Tensor) -> list[int]:
     """(T, V) log-probs of a whole utterance -> its greedy CTC token ids."""
     tokens, _ = ctc_greedy_step(log_probs, CtcState())
     return [token for token, _ in tokens]
+
+
+@dataclass(frozen=True)
+class BeamOptions:
+    beam_size: int = 16  # hypotheses kept per frame
+    lm_weight: float = 1.0  # weight of the word LM's natural-log probability
+    word_score: float = 0.0  # added per word (a length bonus)
+
+
+DEFAULT_BEAM = BeamOptions()
+
+
+class WordLM:
+    """A model folder's word LM (ARPA) and lexicon, loaded once and shared by every search."""
+
+    def __init__(self, lexicon: Path, arpa: Path):
+        from flashlight.lib.text.decoder.kenlm import KenLM
+        from flashlight.lib.text.dictionary import create_word_dict, load_words
+
+        self.lexicon = lexicon
+        word_dict = create_word_dict(load_words(str(lexicon)))
+        with _quiet_stderr():  # KenLM draws a progress bar on stderr while it reads
+            self.kenlm = KenLM(str(arpa), word_dict)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class CtcBeamSearch:
+    """Lexicon-constrained CTC beam search with a word n-gram LM, one segment at a time:
+    `begin`, then `step` per chunk (returns the words that became certain), then `end`."""
+
+    def __init__(self, lm: WordLM, tokens: list[str], options: BeamOptions):
+        from torchaudio.models.decoder import ctc_decoder
+
+        self.options = options
+        self.decoder = ctc_decoder(
+            lexicon=str(lm.lexicon),
+            tokens=tokens,
+            lm=lm.kenlm,  # word ids agree: both dictionaries are read from the same lexicon
+            beam_size=options.beam_size,
+            lm_weight=options.lm_weight,
+            word_score=options.word_score,
+            blank_token=tokens[BLANK],
+            sil_token=tokens[1],  # bos: never emitted by the CTC head, so silence never scores
+        )
+        self.emitted = 0
+
+    def begin(self) -> None:
+        self.decoder.decode_begin()
+        self.emitted = 0
+
+    def step(self, log_probs: Tensor) -> list[str]:
+        """(T, V) log-probs of one chunk -> the new words all hypotheses now share."""
+        self.decoder.decode_step(log_probs.float().contiguous())
+        hyps = self.decoder.decoder.get_all_final_hypothesis()
+        words = [[w for w in h.words if w >= 0] for h in hyps]
+        common = 0
+        if words:
+            shortest = min(len(w) for w in words)
+            while common < shortest and all(w[common] == words[0][common] for w in words):
+                common += 1
+        return self._take(words[0][:common] if words else [])
+
+    def end(self) -> list[str]:
+        """Close the segment: the rest of the best hypothesis."""
+        self.decoder.decode_end()
+        best = self.decoder.decoder.get_all_final_hypothesis()
+        return self._take([w for w in best[0].words if w >= 0] if best else [])
+
+    def decode(self, log_probs: Tensor) -> list[str]:
+        """A whole utterance at once (full context)."""
+        self.begin()
+        return self.step(log_probs) + self.end()
+
+    def _take(self, word_ids: list[int]) -> list[str]:
+        new = word_ids[self.emitted :]
+        self.emitted = max(self.emitted, len(word_ids))
+        return [self.decoder.word_dict.get_entry(w) for w in new]
 
 
 @dataclass(frozen=True)

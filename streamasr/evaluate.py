@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .bundle import Bundle
-from .decoding import ctc_greedy_tokens
+from .decoding import DEFAULT_BEAM, BeamOptions, ctc_greedy_tokens
 from .features import LogMel
 from .manifest import Utterance
 from .metrics import corpus_latency
@@ -46,7 +46,7 @@ class Instance:
     transcript_word_ms: list[float]
     compute_ms: float
     emission_delays_ms: list[float]  # per matched transcript word: emitted - word end
-    full_context_transcript: str  # the same model's greedy CTC output without chunking
+    full_context_transcript: str  # the same model and search without chunking
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,46 @@ class FullContext:
     word_ends_ms: list[float]  # end of each reference word, by CTC forced alignment
 
 
-def full_context_pass(bundle: Bundle, audio: np.ndarray, text: str | None) -> FullContext:
-    feats = bundle.stats.normalize(LogMel(bundle.config.feature_config())(torch.from_numpy(audio)))[
-        None
-    ]
+def ctc_log_probs(bundle: Bundle, audio: np.ndarray, chunk_frames: int) -> torch.Tensor:
+    """(1, T, V) CTC log-probs of a whole file: under the chunk mask they equal the streaming
+    encoder's (tested); chunk_frames=-1 is full context."""
+    feats = bundle.stats.normalize(LogMel(bundle.config.feature_config())(torch.from_numpy(audio)))
     with torch.inference_mode():
-        frames, _ = bundle.model.encoder(feats, torch.tensor([feats.shape[1]]), chunk_frames=-1)
-        log_probs = bundle.model.ctc_log_probs(frames)
-    transcript = bundle.en.decode(ctc_greedy_tokens(log_probs[0]))
+        frames, _ = bundle.model.encoder(
+            feats[None], torch.tensor([feats.shape[0]]), chunk_frames=chunk_frames
+        )
+        return bundle.model.ctc_log_probs(frames)
+
+
+def full_context_pass(
+    bundle: Bundle, audio: np.ndarray, text: str | None, beam: BeamOptions | None
+) -> FullContext:
+    """The whole utterance at once: its transcript (the same search as the session's) and
+    the reference words' end times by forced alignment."""
+    log_probs = ctc_log_probs(bundle, audio, chunk_frames=-1)
+    if beam is not None and bundle.has_lm:
+        transcript = " ".join(bundle.beam_search(beam).decode(log_probs[0]))
+    else:
+        transcript = bundle.en.decode(ctc_greedy_tokens(log_probs[0]))
     return FullContext(transcript, word_ends_ms(bundle, log_probs, text or ""))
+
+
+def tune_beam(
+    bundle: Bundle, utterances: list[Utterance], chunk_ms: int, grid: list[BeamOptions]
+) -> list[tuple[BeamOptions | None, float]]:
+    """WER of greedy search and of each beam setting on streaming log-probs (computed once)."""
+    chunk_frames = bundle.config.chunk_frames(chunk_ms)
+    refs, log_probs = [], []
+    for utt in tqdm(utterances, desc="encode", unit="utt"):
+        log_probs.append(ctc_log_probs(bundle, load_audio(utt.audio), chunk_frames)[0])
+        refs.append(normalize_transcript(utt.text or ""))
+    greedy = [normalize_transcript(bundle.en.decode(ctc_greedy_tokens(lp))) for lp in log_probs]
+    rows: list[tuple[BeamOptions | None, float]] = [(None, 100 * jiwer.wer(refs, greedy))]
+    for options in tqdm(grid, desc="search", unit="setting"):
+        search = bundle.beam_search(options)
+        hyps = [" ".join(search.decode(lp)) for lp in log_probs]
+        rows.append((options, 100 * jiwer.wer(refs, hyps)))
+    return rows
 
 
 def word_ends_ms(bundle: Bundle, log_probs: torch.Tensor, text: str) -> list[float]:
@@ -108,10 +139,11 @@ def run_instance(
     wait_k: int | None,
     chunk_ms: int,
     offline: FullContext,
+    beam: BeamOptions | None,
 ) -> Instance:
     source = FileSource(utt.audio, audio=audio)
     translate = utt.translation is not None
-    options = SessionOptions(chunk_ms=chunk_ms, translate=translate, wait_k=wait_k)
+    options = SessionOptions(chunk_ms=chunk_ms, translate=translate, wait_k=wait_k, beam=beam)
     session = Session(bundle, options, stream=utt.id, clock="virtual")
     run_stream(session, source, lambda events: None)
     hyp_words = [w.text for w in session.transcript_words]
@@ -176,7 +208,11 @@ def summarize(instances: list[Instance], wait_k: int | str) -> dict:
 
 
 def evaluate(
-    bundle: Bundle, utterances: list[Utterance], wait_ks: list[int | None], chunk_ms: int
+    bundle: Bundle,
+    utterances: list[Utterance],
+    wait_ks: list[int | None],
+    chunk_ms: int,
+    beam: BeamOptions | None = DEFAULT_BEAM,
 ) -> tuple[list[dict], list[Instance]]:
     """Every (utterance, k) through a fresh Session; returns the per-k runs and all instances.
 
@@ -187,9 +223,9 @@ def evaluate(
     with tqdm(total=len(utterances) * len(wait_ks), desc="eval", unit="run") as bar:
         for utt in utterances:
             audio = load_audio(utt.audio)
-            offline = full_context_pass(bundle, audio, utt.text)
+            offline = full_context_pass(bundle, audio, utt.text, beam)
             for k in wait_ks:
-                per_k[k].append(run_instance(bundle, utt, audio, k, chunk_ms, offline))
+                per_k[k].append(run_instance(bundle, utt, audio, k, chunk_ms, offline, beam))
                 bar.update(1)
     runs = [summarize(instances, "inf" if k is None else k) for k, instances in per_k.items()]
     return runs, [ins for instances in per_k.values() for ins in instances]
@@ -206,13 +242,18 @@ def instance_json(ins: Instance) -> dict:
 
 
 def write_outputs(
-    out: Path, model: str, chunk_ms: int, runs: list[dict], instances: list[Instance]
+    out: Path,
+    model: str,
+    chunk_ms: int,
+    runs: list[dict],
+    instances: list[Instance],
+    decoder: str = "greedy",
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "instances.jsonl", "w", encoding="utf-8") as f:
         for ins in instances:
             f.write(json.dumps(instance_json(ins), ensure_ascii=False) + "\n")
-    summary = {"model": model, "chunk_ms": chunk_ms, "runs": runs}
+    summary = {"model": model, "chunk_ms": chunk_ms, "decoder": decoder, "runs": runs}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_latency_quality(runs, out / "latency_quality.png", f"{model}, {chunk_ms} ms chunks")
     return summary
@@ -311,7 +352,8 @@ def results_section(eval_dirs: list[Path]) -> str:
         summary = json.loads((folder / "summary.json").read_text())
         count = sum(1 for _ in open(folder / "instances.jsonl")) // max(1, len(summary["runs"]))
         parts.append(
-            f"**{summary['chunk_ms']} ms chunks** ({summary['model']}, {count} utterances, `{folder}`):\n"
+            f"**{summary['chunk_ms']} ms chunks** ({summary['model']}, {count} utterances,"
+            f" {summary.get('decoder', 'greedy')} transcript search, `{folder}`):\n"
         )
         parts.append(markdown_table(summary["runs"]) + "\n")
         plot = folder / "latency_quality.png"

@@ -1,9 +1,10 @@
 """A streaming session: audio pieces in, timestamped transcript and translation events out.
 
 features (carried samples) -> encoder chunks (carried caches) -> CTC greedy (carried label)
--> words; the same frames feed the wait-k translator of the current segment. A run of blank
-frames closes a segment: its transcript and translation become final and the decoder is reset,
-so a stream of any length runs in flat memory. Output never depends on how the audio was cut
+-> words, or, when the model folder has a word LM, CTC beam search -> the words its beam agrees
+on; the same frames feed the wait-k translator of the current segment. A run of blank frames
+(greedy labels) closes a segment: its transcript and translation become final and the decoders
+are reset, so a stream of any length runs in flat memory. Output never depends on how the audio was cut
 into pieces: work is done in whole encoder chunks.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from .audio import SAMPLES_PER_MS
 from .bundle import Bundle
-from .decoding import CtcState, WaitKTranslator, ctc_greedy_step
+from .decoding import DEFAULT_BEAM, BeamOptions, CtcState, WaitKTranslator, ctc_greedy_step
 from .features import LogMel, StreamingLogMel
 from .policy import WaitK
 from .text import Tokenizer
@@ -32,6 +33,8 @@ class SessionOptions:
     endpoint_ms: int = 800  # a run of blank frames this long closes a segment
     lead_in_ms: int = 640  # audio before the first transcript token that still joins the segment
     max_segment_ms: int = 20_000  # close a segment that runs this long without a pause
+    beam: BeamOptions | None = DEFAULT_BEAM  # transcript beam search with the model's word LM;
+    # None, or a model folder without an LM: greedy CTC
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,8 @@ class Session:
         self.pending_feats = torch.zeros(0, cfg.n_mels)
         self.encoder_state = bundle.model.encoder.init_state()
         self.ctc_state = CtcState()
+        use_beam = options.beam is not None and bundle.has_lm
+        self.beam = bundle.beam_search(options.beam) if use_beam else None
         self.clock = VirtualClock() if clock == "virtual" else WallClock()
         self.policy = WaitK(options.wait_k, cfg.tokens_per_unit)
         self.translator = WaitKTranslator(
@@ -243,9 +248,8 @@ class Session:
         self.pending_feats = self.pending_feats[feature_frames:]
         self.feature_frames_used += feature_frames
         frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state)
-        tokens, self.ctc_state = ctc_greedy_step(model.ctc_log_probs(frames)[0], self.ctc_state)
         first_frame = self.encoder_state.frames_done - frames.shape[1]
-        events = self._transcript_tokens(tokens, first_frame, delay_ms)
+        events = self._transcript(model.ctc_log_probs(frames)[0], first_frame, delay_ms)
         events += self._translate(frames, first_frame, delay_ms)
         seg = self.segment
         silence_ms = self.ctc_state.trailing_blank_frames * cfg.frame_ms
@@ -261,15 +265,22 @@ class Session:
             self.stream, self.segment.index, kind, text, final, delay_ms, self.clock.now_ms()
         )
 
-    def _transcript_tokens(
-        self, tokens: list[tuple[int, int]], first_frame: int, delay_ms: float
+    def _transcript(
+        self, log_probs: torch.Tensor, first_frame: int, delay_ms: float
     ) -> list[Event]:
-        words = []
-        for token, offset in tokens:
-            self.segment.last_token_frame = first_frame + offset
-            words += self.en_words.push(token, delay_ms, self.clock.now_ms())
-        if tokens and not self.segment.started:
-            self._start_segment(first_frame)
+        """Greedy labels find speech and pauses; the words come from them or from the beam."""
+        tokens, self.ctc_state = ctc_greedy_step(log_probs, self.ctc_state)
+        if tokens:
+            self.segment.last_token_frame = first_frame + tokens[-1][1]
+            if not self.segment.started:
+                self._start_segment(first_frame)
+        times = (delay_ms, self.clock.now_ms())
+        if self.beam is None:
+            words = [w for token, _ in tokens for w in self.en_words.push(token, *times)]
+        elif self.segment.started:
+            words = [(word, times) for word in self.beam.step(log_probs)]
+        else:
+            words = []
         return self._word_events("transcript", words, delay_ms)
 
     def _word_events(
@@ -291,6 +302,8 @@ class Session:
         """Speech began in the chunk at first_frame: the translator reads the lead-in first."""
         seg = self.segment
         seg.started = True
+        if self.beam is not None:
+            self.beam.begin()
         if seg.lead_in is None or seg.lead_in.shape[1] == 0:
             seg.start_frame = first_frame
         else:
@@ -335,7 +348,11 @@ class Session:
         seg = self.segment
         if not seg.started:
             return []
-        events = self._word_events("transcript", self.en_words.flush(), delay_ms, final=True)
+        if self.beam is None:
+            words = self.en_words.flush()
+        else:
+            words = [(word, (delay_ms, self.clock.now_ms())) for word in self.beam.end()]
+        events = self._word_events("transcript", words, delay_ms, final=True)
         if self.options.translate:
             tokens, self.translator_state = self.translator.write(
                 self.translator_state, source_finished=True

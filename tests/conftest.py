@@ -132,3 +132,18 @@ def tiny_bundle(tiny_bundle_dir):
     from streamasr.bundle import load_bundle
 
     return load_bundle(tiny_bundle_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_bundle(tiny_bundle_dir, tmp_path_factory):
+    """The tiny model folder plus a word LM and lexicon of its English sentences."""
+    import shutil
+
+    from streamasr.bundle import load_bundle
+    from streamasr.lm import build_transcript_lm
+    from streamasr.text import Tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_lm_model")
+    shutil.copytree(tiny_bundle_dir, folder, dirs_exist_ok=True)
+    build_transcript_lm(SENTENCES_EN, Tokenizer(folder / "en.model"), folder)
+    return load_bundle(folder)

@@ -130,3 +130,51 @@ def test_bad_flags_are_one_line_errors(capsys, wav, tiny_bundle_dir, args, messa
 def test_missing_model_folder(capsys, wav, tmp_path):
     code, _, err = transcribe(capsys, wav, "--model", tmp_path / "nothing")
     assert code == 2 and "not a model folder" in err
+
+
+@pytest.fixture
+def corpus_and_model(tmp_path, wav, tiny_bundle_dir):
+    """A copy of the tiny model folder and a corpus whose train and tune manifests say SENTENCES_EN."""
+    import shutil
+
+    from tests.conftest import SENTENCES_EN
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bundle_dir, model)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = [{"id": f"u{i}", "audio": str(wav), "text": t} for i, t in enumerate(SENTENCES_EN)]
+    (corpus / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return corpus, model
+
+
+def test_lm_command_adds_a_word_lm_that_transcribe_uses(capsys, tmp_path, wav, corpus_and_model):
+    from streamasr.bundle import load_bundle
+    from tests.conftest import SENTENCES_EN
+
+    corpus, model = corpus_and_model
+    assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 0
+    assert "1-grams" in capsys.readouterr().out
+    assert load_bundle(model).has_lm
+    code, out, _ = transcribe(capsys, wav, "--model", model, "--format", "jsonl")
+    assert code == 0
+    vocabulary = {w for s in SENTENCES_EN for w in s.split()}
+    said = " ".join(json.loads(line)["text"] for line in out.splitlines()).split()
+    assert said and set(said) <= vocabulary
+    assert main(["lm", "--corpus", str(tmp_path / "nowhere"), "--model", str(model)]) == 2
+    assert "no train.jsonl" in capsys.readouterr().err
+
+
+def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
+    corpus, model = corpus_and_model
+    manifest = str(corpus / "train.jsonl")
+    assert main(["tune-lm", manifest, "--model", str(model), "--limit", "2"]) == 2
+    assert "no word LM" in capsys.readouterr().err
+    assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 0
+    capsys.readouterr()
+    args = ["--limit", "2", "--lm-weights", "0.5,2", "--word-scores", "0", "--beam-sizes", "4"]
+    assert main(["tune-lm", manifest, "--model", str(model), *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[0] == "greedy"
+    assert [line.split()[:3] for line in lines[3:5]] == [["4", "0.5", "0"], ["4", "2", "0"]]
+    assert lines[5].startswith("best: --beam-size 4")

@@ -98,3 +98,17 @@ def test_missing_multi30k_is_a_one_line_error(tmp_path, capsys):
     code = main(["data", "build", "--multi30k", str(tmp_path), "--out", str(tmp_path / "c")])
     assert code == 2
     assert "train.en" in capsys.readouterr().err
+
+
+def test_pool_voices_keep_the_evaluation_voices_out_of_a_tuning_set():
+    from streamasr.corpus import plan_jobs
+    from streamasr.voices import eval_voices
+
+    pool = default_train_pool()
+    plain = plan_jobs("val", EN, DE, pool, seed=0)
+    tuning = plan_jobs("val", EN, DE, pool, seed=0, pool_voices=True)
+    assert {job.voice for job in plain} <= set(eval_voices())
+    pooled = {v for voices in pool.values() for v in voices}
+    assert {job.voice for job in tuning} <= pooled
+    assert not {job.voice for job in tuning} & set(eval_voices())
+    assert [job.text for job in tuning] == EN

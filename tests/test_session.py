@@ -78,3 +78,25 @@ def test_a_pause_closes_a_segment(tiny_bundle, tone):
     assert len(session.segments) >= 2
     first_final = next(e for e in events if e.type == "transcript" and e.final)
     assert first_final.delay_ms < len(tone) / 16 + 2000 + 320  # closed during the pause
+
+
+def test_beam_search_sessions_are_piece_size_invariant_and_final(tiny_lm_bundle, tone):
+    from tests.conftest import SENTENCES_EN
+
+    audio = np.concatenate([tone, np.zeros(24000, np.float32), tone])
+    runs = [run(tiny_lm_bundle, audio, n, wait_k=2) for n in (160, 16000, len(audio))]
+    assert texts(runs[0][1]) == texts(runs[1][1]) == texts(runs[2][1])
+    session, events = runs[0]
+    assert session.beam is not None
+    words = [w.text for w in session.transcript_words]
+    assert words and set(words) <= {w for s in SENTENCES_EN for w in s.split()}
+    for seg in session.segments:  # streamed deltas add up to each segment's final transcript
+        deltas = [e.text for e in events if e.segment == seg.index and e.type == "transcript"]
+        assert " ".join(d for d in deltas if d) == seg.transcript
+
+
+def test_greedy_search_can_be_chosen_over_the_lm(tiny_lm_bundle, tiny_bundle, tone):
+    greedy = run(tiny_lm_bundle, tone, 4000, wait_k=2, beam=None)
+    plain = run(tiny_bundle, tone, 4000, wait_k=2)
+    assert greedy[0].beam is None
+    assert texts(greedy[1]) == texts(plain[1])

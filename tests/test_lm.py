@@ -1,0 +1,94 @@
+"""The word LM (a normalized Kneser-Ney model in ARPA form) and the streaming CTC beam search."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamasr.decoding import BLANK, BeamOptions
+from streamasr.lm import build_arpa
+
+SENTENCES = [s.split() for s in ["a dog runs", "a dog sits", "the dog runs fast", "a cat sits"]]
+
+
+def kenlm(path, words):
+    from flashlight.lib.text.decoder.kenlm import KenLM
+    from flashlight.lib.text.dictionary import Dictionary
+
+    vocab = Dictionary()
+    for word in words:
+        vocab.add_entry(word)
+    return KenLM(str(path), vocab), vocab
+
+
+def log10_prob(lm, vocab, context, word):
+    state = lm.start(False)
+    for w in context:
+        state, _ = lm.score(state, vocab.get_index(w))
+    return lm.finish(state)[1] if word == "</s>" else lm.score(state, vocab.get_index(word))[1]
+
+
+@pytest.mark.parametrize("order", [2, 3])
+def test_arpa_probabilities_sum_to_one(tmp_path, order):
+    sizes = build_arpa(SENTENCES, tmp_path / "lm.arpa", order)
+    assert sizes[1] == 10  # 7 words, </s>, <unk> and <s> (a context only)
+    words = sorted({w for s in SENTENCES for w in s}) + ["<unk>", "</s>"]
+    lm, vocab = kenlm(tmp_path / "lm.arpa", words)
+    for context in ([], ["a"], ["a", "dog"], ["dog", "runs"], ["cat", "runs"], ["<unk>"]):
+        total = sum(10 ** log10_prob(lm, vocab, context, w) for w in words)
+        assert total == pytest.approx(1.0, abs=1e-5), context
+
+
+def test_seen_continuations_beat_unseen_ones(tmp_path):
+    build_arpa(SENTENCES, tmp_path / "lm.arpa", 3)
+    words = sorted({w for s in SENTENCES for w in s}) + ["<unk>", "</s>"]
+    lm, vocab = kenlm(tmp_path / "lm.arpa", words)
+    assert log10_prob(lm, vocab, ["a", "dog"], "runs") > log10_prob(lm, vocab, ["a", "dog"], "fast")
+    assert log10_prob(lm, vocab, [], "dog") > log10_prob(lm, vocab, [], "fast")
+
+
+def spelled(bundle, words: list[str], noise: float, seed: int) -> torch.Tensor:
+    """CTC log-probs that spell `words` (each piece for 2 frames, blanks between) under noise."""
+    frames = [BLANK] * 3
+    for word in words:
+        for piece in bundle.en.encode(word):
+            frames += [piece, piece, BLANK]
+    frames += [BLANK] * 3
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(frames), len(bundle.en), generator=gen) * noise
+    logits[torch.arange(len(frames)), torch.tensor(frames)] += 6.0
+    return logits.log_softmax(-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 9])
+def test_streaming_beam_search_equals_the_whole_utterance_search(tiny_lm_bundle, chunk):
+    words = "a black dog runs across the green grass".split()
+    log_probs = spelled(tiny_lm_bundle, words, noise=1.0, seed=chunk)
+    search = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8))
+    whole = search.decode(log_probs)
+    assert whole == words
+    search.begin()
+    streamed, emitted_at = [], []
+    for start in range(0, log_probs.shape[0], chunk):
+        new = search.step(log_probs[start : start + chunk])
+        streamed += new
+        emitted_at += [start] * len(new)
+    streamed += search.end()
+    assert streamed == whole  # words emitted while streaming are never revised
+    assert emitted_at and emitted_at[0] < log_probs.shape[0] // 2  # and come before the end
+
+
+def test_the_lexicon_repairs_a_misspelling(tiny_lm_bundle):
+    """The frames of 'n' in 'snow' favour 'w' ('swow'): greedy spells it, the search cannot."""
+    from streamasr.decoding import ctc_greedy_tokens
+
+    en = tiny_lm_bundle.en
+    words = "two dogs play in the snow".split()
+    log_probs = spelled(tiny_lm_bundle, words, noise=0.0, seed=0)
+    n, w = en.sp.piece_to_id("n"), en.sp.piece_to_id("w")
+    frames = log_probs.argmax(-1) == n
+    assert frames.any()
+    log_probs[frames, w] = log_probs[frames, n] + 1.0
+    assert en.decode(ctc_greedy_tokens(log_probs)).split()[-1] == "swow"
+    search = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8))
+    assert search.decode(log_probs) == words
