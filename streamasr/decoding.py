@@ -53,7 +53,7 @@ def ctc_greedy_tokens(log_probs: Tensor) -> list[int]:
 @dataclass(frozen=True)
 class BeamOptions:
     beam_size: int = 16  # hypotheses kept per frame
-    lm_weight: float = 1.0  # weight of the word LM's natural-log probability
+    lm_weight: float = 1.0  # weight of the LM's log10 probability (acoustic scores are ln)
     word_score: float = 0.0  # added per word (a length bonus)
 
 
@@ -113,14 +113,9 @@ class CtcBeamSearch:
     def step(self, log_probs: Tensor) -> list[str]:
         """(T, V) log-probs of one chunk -> the new words all hypotheses now share."""
         self.decoder.decode_step(log_probs.float().contiguous())
-        hyps = self.decoder.decoder.get_all_final_hypothesis()
+        hyps = self.decoder.decoder.get_all_final_hypothesis()  # the beam now, not yet final
         words = [[w for w in h.words if w >= 0] for h in hyps]
-        common = 0
-        if words:
-            shortest = min(len(w) for w in words)
-            while common < shortest and all(w[common] == words[0][common] for w in words):
-                common += 1
-        return self._take(words[0][:common] if words else [])
+        return self._take(os.path.commonprefix(words) if words else [])
 
     def end(self) -> list[str]:
         """Close the segment: the rest of the best hypothesis."""
