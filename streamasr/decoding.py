@@ -52,9 +52,11 @@ def ctc_greedy_tokens(log_probs: Tensor) -> list[int]:
 
 @dataclass(frozen=True)
 class BeamOptions:
-    beam_size: int = 16  # hypotheses kept per frame
-    lm_weight: float = 1.0  # weight of the LM's log10 probability (acoustic scores are ln)
-    word_score: float = 0.0  # added per word (a length bonus)
+    """Defaults chosen with `streamasr tune-lm` on data/tune (training voices) for models/base."""
+
+    beam_size: int = 48  # hypotheses kept per frame
+    lm_weight: float = 1.25  # weight of the LM's log10 probability (acoustic scores are ln)
+    word_score: float = 0.5  # added per word (a length bonus)
 
 
 DEFAULT_BEAM = BeamOptions()
