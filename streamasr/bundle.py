@@ -45,11 +45,11 @@ class Bundle:
     def word_lm(self) -> WordLM:
         if self.lm_folder is None:
             raise ModelFolderError("this model folder has no word LM (lm.arpa, lexicon.txt)")
-        return WordLM(self.lm_folder / LEXICON_FILE, self.lm_folder / LM_FILE)
+        tokens = [self.en.sp.id_to_piece(i) for i in range(len(self.en))]
+        return WordLM(self.lm_folder / LEXICON_FILE, self.lm_folder / LM_FILE, tokens)
 
     def beam_search(self, options: BeamOptions) -> CtcBeamSearch:
-        tokens = [self.en.sp.id_to_piece(i) for i in range(len(self.en))]
-        return CtcBeamSearch(self.word_lm, tokens, options)
+        return CtcBeamSearch(self.word_lm, options)
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
