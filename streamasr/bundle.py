@@ -48,7 +48,10 @@ class Bundle:
         tokens = [self.en.sp.id_to_piece(i) for i in range(len(self.en))]
         return WordLM(self.lm_folder / LEXICON_FILE, self.lm_folder / LM_FILE, tokens)
 
-    def beam_search(self, options: BeamOptions) -> CtcBeamSearch:
+    def beam_search(self, options: BeamOptions | None) -> CtcBeamSearch | None:
+        """A transcript beam search, or None for greedy CTC (no options, or no word LM)."""
+        if options is None or not self.has_lm:
+            return None
         return CtcBeamSearch(self.word_lm, options)
 
     def save(self, folder: Path) -> None:

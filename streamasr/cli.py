@@ -422,7 +422,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms, _beam_options(args))
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
     beam = _beam_options(args)
-    decoder = str(beam) if beam is not None and bundle.has_lm else "greedy"
+    decoder = str(beam) if bundle.beam_search(beam) is not None else "greedy"
     write_outputs(args.out, model_name, args.chunk_ms, runs, instances, decoder)
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"

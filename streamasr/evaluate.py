@@ -74,8 +74,9 @@ def full_context_pass(
     """The whole utterance at once: its transcript (the same search as the session's) and
     the reference words' end times by forced alignment."""
     log_probs = ctc_log_probs(bundle, audio, chunk_frames=-1)
-    if beam is not None and bundle.has_lm:
-        transcript = " ".join(bundle.beam_search(beam).decode(log_probs[0]))
+    search = bundle.beam_search(beam)
+    if search is not None:
+        transcript = " ".join(search.decode(log_probs[0]))
     else:
         transcript = bundle.en.decode(ctc_greedy_tokens(log_probs[0]))
     return FullContext(transcript, word_ends_ms(bundle, log_probs, text or ""))

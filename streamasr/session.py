@@ -4,8 +4,8 @@ features (carried samples) -> encoder chunks (carried caches) -> CTC greedy (car
 -> words, or, when the model folder has a word LM, CTC beam search -> the words its beam agrees
 on; the same frames feed the wait-k translator of the current segment. A run of blank frames
 (greedy labels) closes a segment: its transcript and translation become final and the decoders
-are reset, so a stream of any length runs in flat memory. Output never depends on how the audio was cut
-into pieces: work is done in whole encoder chunks.
+are reset, so a stream of any length runs in flat memory. Output never depends on how the audio
+was cut into pieces: work is done in whole encoder chunks.
 """
 
 from __future__ import annotations
@@ -177,8 +177,7 @@ class Session:
         self.pending_feats = torch.zeros(0, cfg.n_mels)
         self.encoder_state = bundle.model.encoder.init_state()
         self.ctc_state = CtcState()
-        use_beam = options.beam is not None and bundle.has_lm
-        self.beam = bundle.beam_search(options.beam) if use_beam else None
+        self.beam = bundle.beam_search(options.beam)
         self.clock = VirtualClock() if clock == "virtual" else WallClock()
         self.policy = WaitK(options.wait_k, cfg.tokens_per_unit)
         self.translator = WaitKTranslator(
