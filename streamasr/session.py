@@ -84,7 +84,7 @@ class VirtualClock:
         self._begin_ms = 0.0
         self._t0 = 0.0
 
-    def first_audio(self, duration_ms: float) -> None:
+    def audio_arrived(self, total_ms: float) -> None:
         pass
 
     def start_chunk(self, audio_end_ms: float) -> None:
@@ -99,15 +99,21 @@ class VirtualClock:
 
 
 class WallClock:
-    """Elapsed time on the wall clock, from the moment the stream's first audio was captured."""
+    """Elapsed time on the wall clock, from the moment the stream's first audio was captured.
+
+    That moment is estimated from arrivals: the stream's first `total_ms` of audio are in now, so
+    its recording began at least that long ago. The earliest such bound over all arrivals is kept,
+    so a piece delivered late (a busy machine, a driver's burst) never dates the stream too late,
+    and elapsed time is never less than the audio consumed.
+    """
 
     def __init__(self) -> None:
         self.t0: float | None = None
 
-    def first_audio(self, duration_ms: float) -> None:
-        """The first piece just arrived; it was being recorded for duration_ms before that."""
-        if self.t0 is None:
-            self.t0 = time.perf_counter() - duration_ms / 1000
+    def audio_arrived(self, total_ms: float) -> None:
+        """The stream's first total_ms of audio have arrived."""
+        began = time.perf_counter() - total_ms / 1000
+        self.t0 = began if self.t0 is None else min(self.t0, began)
 
     def start_chunk(self, audio_end_ms: float) -> None:
         pass
@@ -206,8 +212,8 @@ class Session:
         """Feed a piece of audio (any length); returns the events it caused."""
         if self.finished:
             raise RuntimeError("accept() after finish(): start a new Session")
-        self.clock.first_audio(len(samples) / SAMPLES_PER_MS)
         self.samples_in += len(samples)
+        self.clock.audio_arrived(self.audio_ms)
         frames, self.feature_state = self.features.step(
             torch.from_numpy(np.asarray(samples, dtype=np.float32)), self.feature_state
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamasr.session import Session, SessionOptions
+from streamasr import session as session_module
+from streamasr.session import Session, SessionOptions, WallClock
 
 
 def run(bundle, audio, piece_samples, **options):
@@ -100,3 +101,18 @@ def test_greedy_search_can_be_chosen_over_the_lm(tiny_lm_bundle, tiny_bundle, to
     plain = run(tiny_bundle, tone, 4000, wait_k=2)
     assert greedy[0].beam is None
     assert texts(greedy[1]) == texts(plain[1])
+
+
+def test_wall_clock_never_dates_the_stream_after_its_audio(monkeypatch):
+    """A first piece delivered late must not make later emissions earlier than their audio."""
+    now = [10.0]
+    monkeypatch.setattr(session_module.time, "perf_counter", lambda: now[0])
+    clock = WallClock()
+    clock.audio_arrived(100.0)  # 100 ms in, but delivered 300 ms late ...
+    now[0] += 0.1
+    clock.audio_arrived(600.0)  # ... and then a burst: 600 ms of audio 100 ms later
+    assert clock.now_ms() == pytest.approx(600.0)
+    now[0] += 0.05
+    clock.audio_arrived(650.0)  # on time from here: the estimate stays
+    assert clock.now_ms() == pytest.approx(650.0)
+    assert clock.t0 == pytest.approx(9.5)
