@@ -52,7 +52,7 @@ class Bundle:
         """A transcript beam search, or None for greedy CTC (no options, or no word LM)."""
         if options is None or not self.has_lm:
             return None
-        return CtcBeamSearch(self.word_lm, options)
+        return CtcBeamSearch(self.word_lm, options, self.config.frame_ms)
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     from .voices import default_train_pool, parse_train_voices
 
     pool = parse_train_voices(args.voices) if args.voices else default_train_pool()
+    corpus.check_voices(pool)
     splits = [s for s in args.splits.split(",") if s]
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be a positive integer, got {args.limit}")
@@ -87,6 +88,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--work", type=Path, required=True, help="folder for caches, checkpoints and logs"
     )
+    train.add_argument(
+        "--extra-train",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="CORPUS",
+        help="another corpus folder whose train.jsonl joins the training data (repeatable)",
+    )
     train.add_argument("--stop-at", type=int, help="end this run at that step (resume later)")
     train.add_argument("--init", type=Path, help="start from a model folder's weights (warm start)")
     for cls, names in ((TrainConfig, TRAIN_OPTIONS), (ModelConfig, MODEL_OPTIONS)):
@@ -124,11 +133,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     model_cfg = ModelConfig(**{name: getattr(args, name) for name in MODEL_OPTIONS})
     train_cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
-    for name in ("train.jsonl", "val.jsonl"):
-        if not (args.corpus / name).is_file():
-            raise UsageError(f"{args.corpus}: no {name} (build it with `streamasr data build`)")
+    needed = [args.corpus / "train.jsonl", args.corpus / "val.jsonl"]
+    needed += [folder / "train.jsonl" for folder in args.extra_train]
+    for path in needed:
+        if not path.is_file():
+            raise UsageError(
+                f"{path.parent}: no {path.name} (build it with `streamasr data build`)"
+            )
     try:
-        train(args.corpus, args.work, model_cfg, train_cfg, stop_at=args.stop_at, init=args.init)
+        train(
+            args.corpus, args.work, model_cfg, train_cfg,
+            stop_at=args.stop_at, init=args.init, extra=args.extra_train,
+        )  # fmt: skip
     except TrainError as err:
         raise UsageError(str(err)) from None
     return 0
@@ -202,6 +218,29 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--word-score", type=float, default=default.word_score, help=f"default {default.word_score}"
     )
+    p.add_argument(
+        "--commit-ms",
+        type=_commit_ms,
+        default=default.commit_ms,
+        help="commit the beam's best words once they are this old (bounds the transcript's"
+        f" delay); none: only when every hypothesis agrees (default {default.commit_ms})",
+    )
+
+
+def _commit_ms(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0 or none, got {text!r}")
+    return value
+
+
+def _commit_ms_list(text: str) -> list[int | None]:
+    return [_commit_ms(item) for item in text.split(",") if item.strip()]
 
 
 def _beam_options(args: argparse.Namespace):
@@ -209,7 +248,7 @@ def _beam_options(args: argparse.Namespace):
 
     if args.decoder == "greedy":
         return None
-    return BeamOptions(args.beam_size, args.lm_weight, args.word_score)
+    return BeamOptions(args.beam_size, args.lm_weight, args.word_score, args.commit_ms)
 
 
 def _add_session_options(p: argparse.ArgumentParser) -> None:
@@ -463,6 +502,9 @@ def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
         "--word-scores", type=_float_list, default=[-1.0, 0.0, 1.0], help="default -1,0,1"
     )
     tune.add_argument("--beam-sizes", type=_float_list, default=[16], help="default 16")
+    tune.add_argument(
+        "--commit-ms", type=_commit_ms_list, default=[None], help="e.g. none,480,960 (default none)"
+    )
     tune.set_defaults(func=cmd_tune_lm)
 
 
@@ -483,25 +525,30 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
     grid = [
-        BeamOptions(int(size), weight, score)
+        BeamOptions(int(size), weight, score, commit)
         for size in args.beam_sizes
         for weight in args.lm_weights
         for score in args.word_scores
+        for commit in args.commit_ms
     ]
     rows = tune_beam(bundle, utterances, args.chunk_ms, grid)
     print(f"{len(utterances)} utterances, {args.chunk_ms} ms chunks")
-    print("beam_size  lm_weight  word_score   WER %")
-    for options, wer in rows:
-        if options is None:
-            print(f"{'greedy':>9}  {'':>9}  {'':>10}  {wer:6.2f}")
-        else:
-            print(
-                f"{options.beam_size:>9}  {options.lm_weight:>9g}  {options.word_score:>10g}  {wer:6.2f}"
-            )
-    best, wer = min(rows[1:], key=lambda row: row[1])
+    print("beam_size  lm_weight  word_score  commit_ms   WER %  delay ms")
+    for row in rows:
+        if row.options is None:
+            print(f"{'greedy':>9}  {'':>9}  {'':>10}  {'':>9}  {row.wer:6.2f}")
+            continue
+        o = row.options
+        delay = "-" if row.delay_ms is None else f"{row.delay_ms:.0f}"
+        print(
+            f"{o.beam_size:>9}  {o.lm_weight:>9g}  {o.word_score:>10g}  {str(o.commit_ms):>9}"
+            f"  {row.wer:6.2f}  {delay:>8}"
+        )
+    best = min(rows[1:], key=lambda row: row.wer)
+    o = best.options
     print(
-        f"best: --beam-size {best.beam_size} --lm-weight {best.lm_weight:g}"
-        f" --word-score {best.word_score:g} ({wer:.2f} % WER)"
+        f"best: --beam-size {o.beam_size} --lm-weight {o.lm_weight:g}"
+        f" --word-score {o.word_score:g} --commit-ms {o.commit_ms} ({best.wer:.2f} % WER)"
     )
     return 0
 

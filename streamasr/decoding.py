@@ -4,7 +4,8 @@ incremental translator.
 Greedy search and the translator carry explicit frozen states, so a session, the trainer's
 validation and the evaluation run the same code. The beam search is flashlight-text's lexicon
 decoder, stepped chunk by chunk; a word is emitted once every hypothesis
-in the beam agrees on it, so emitted words are never revised.
+in the beam agrees on it, or, with a commit lookback, once the best hypothesis has held it for
+that long (the beam then forgets the history before it). Emitted words are never revised.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class BeamOptions:
     beam_size: int = 48  # hypotheses kept per frame
     lm_weight: float = 1.25  # weight of the LM's log10 probability (acoustic scores are ln)
     word_score: float = 0.5  # added per word (a length bonus)
+    commit_ms: int | None = None  # commit the best path this far back; None: on agreement only
 
 
 DEFAULT_BEAM = BeamOptions()
@@ -105,7 +107,7 @@ class CtcBeamSearch:
     decoder), one segment at a time: `begin`, then `step` per chunk (returns the words that
     became certain), then `end`."""
 
-    def __init__(self, lm: WordLM, options: BeamOptions):
+    def __init__(self, lm: WordLM, options: BeamOptions, frame_ms: int):
         from flashlight.lib.text.decoder import (
             CriterionType,
             LexiconDecoder,
@@ -113,6 +115,7 @@ class CtcBeamSearch:
         )
 
         self.lm, self.options = lm, options
+        self.commit_frames = None if options.commit_ms is None else options.commit_ms // frame_ms
         decoder_options = LexiconDecoderOptions(
             beam_size=options.beam_size,
             beam_size_token=lm.tokens.index_size(),
@@ -128,19 +131,32 @@ class CtcBeamSearch:
         self.decoder = LexiconDecoder(
             decoder_options, lm.trie, lm.kenlm, lm.silence, BLANK, unk, [], False
         )
-        self.emitted = 0
+        self.emitted = 0  # words emitted from the hypotheses' root frame on
 
     def begin(self) -> None:
         self.decoder.decode_begin()
         self.emitted = 0
 
     def step(self, log_probs: Tensor) -> list[str]:
-        """(T, V) log-probs of one chunk -> the new words all hypotheses now share."""
+        """(T, V) log-probs of one chunk -> the words that became certain."""
         emissions = log_probs.float().contiguous()
         self.decoder.decode_step(emissions.data_ptr(), *emissions.shape)
+        committed = self._commit() if self.commit_frames is not None else []
         hyps = self.decoder.get_all_final_hypothesis()  # the beam now, not yet final
         words = [[w for w in h.words if w >= 0] for h in hyps]
-        return self._take(os.path.commonprefix(words) if words else [])
+        return committed + self._take(os.path.commonprefix(words) if words else [])
+
+    def _commit(self) -> list[str]:
+        """Fix the best path's words older than the lookback: the decoder cuts every
+        hypothesis's history at the best path's last word boundary before it, which becomes
+        the new root frame; the words before it are final."""
+        before = self.decoder.get_best_hypothesis().words  # one entry per frame from the root
+        self.decoder.prune(self.commit_frames)
+        root = len(before) - len(self.decoder.get_best_hypothesis().words)
+        fixed = [w for w in before[:root] if w >= 0]
+        new = fixed[self.emitted :]
+        self.emitted = max(0, self.emitted - len(fixed))
+        return [self.lm.words.get_entry(w) for w in new]
 
     def end(self) -> list[str]:
         """Close the segment: the rest of the best hypothesis."""
@@ -148,10 +164,16 @@ class CtcBeamSearch:
         best = self.decoder.get_all_final_hypothesis()
         return self._take([w for w in best[0].words if w >= 0] if best else [])
 
-    def decode(self, log_probs: Tensor) -> list[str]:
-        """A whole utterance at once (full context)."""
+    def decode(self, log_probs: Tensor, chunk_frames: int | None = None) -> list[str]:
+        """A whole utterance, stepped chunk_frames at a time (default: all at once)."""
         self.begin()
-        return self.step(log_probs) + self.end()
+        size = chunk_frames or max(1, log_probs.shape[0])
+        words = [
+            w
+            for t in range(0, log_probs.shape[0], size)
+            for w in self.step(log_probs[t : t + size])
+        ]
+        return words + self.end()
 
     def _take(self, word_ids: list[int]) -> list[str]:
         new = word_ids[self.emitted :]

@@ -82,21 +82,45 @@ def full_context_pass(
     return FullContext(transcript, word_ends_ms(bundle, log_probs, text or ""))
 
 
+@dataclass(frozen=True)
+class TuneResult:
+    options: BeamOptions | None  # None: greedy search
+    wer: float
+    delay_ms: float | None  # mean emission delay of correct words (beam settings only)
+
+
 def tune_beam(
     bundle: Bundle, utterances: list[Utterance], chunk_ms: int, grid: list[BeamOptions]
-) -> list[tuple[BeamOptions | None, float]]:
-    """WER of greedy search and of each beam setting on streaming log-probs (computed once)."""
+) -> list[TuneResult]:
+    """WER of greedy search and of each beam setting on streaming log-probs (computed once),
+    and each setting's emission delay: the search is stepped chunk by chunk as in a session,
+    a word counting as emitted at the end of its chunk's audio."""
     chunk_frames = bundle.config.chunk_frames(chunk_ms)
-    refs, log_probs = [], []
+    refs, log_probs, ends = [], [], []
     for utt in tqdm(utterances, desc="encode", unit="utt"):
-        log_probs.append(ctc_log_probs(bundle, load_audio(utt.audio), chunk_frames)[0])
+        lp = ctc_log_probs(bundle, load_audio(utt.audio), chunk_frames)
+        log_probs.append(lp[0])
         refs.append(normalize_transcript(utt.text or ""))
+        ends.append(word_ends_ms(bundle, lp, utt.text or ""))
     greedy = [normalize_transcript(bundle.en.decode(ctc_greedy_tokens(lp))) for lp in log_probs]
-    rows: list[tuple[BeamOptions | None, float]] = [(None, 100 * jiwer.wer(refs, greedy))]
+    rows = [TuneResult(None, 100 * jiwer.wer(refs, greedy), None)]
     for options in tqdm(grid, desc="search", unit="setting"):
         search = bundle.beam_search(options)
-        hyps = [" ".join(search.decode(lp)) for lp in log_probs]
-        rows.append((options, 100 * jiwer.wer(refs, hyps)))
+        hyps, delays = [], []
+        for lp, ref, ref_ends in zip(log_probs, refs, ends):
+            words, words_ms = [], []
+            search.begin()
+            for t in range(0, lp.shape[0], chunk_frames):
+                new = search.step(lp[t : t + chunk_frames])
+                chunk_end = min(t + chunk_frames, lp.shape[0]) * bundle.config.frame_ms
+                words, words_ms = words + new, words_ms + [chunk_end] * len(new)
+            new = search.end()
+            words += new
+            words_ms += [lp.shape[0] * bundle.config.frame_ms] * len(new)
+            hyps.append(" ".join(words))
+            delays += emission_delays(words, words_ms, ref.split(), ref_ends)
+        mean_delay = sum(delays) / len(delays) if delays else None
+        rows.append(TuneResult(options, 100 * jiwer.wer(refs, hyps), mean_delay))
     return rows
 
 

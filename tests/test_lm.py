@@ -92,3 +92,26 @@ def test_the_lexicon_repairs_a_misspelling(tiny_lm_bundle):
     assert en.decode(ctc_greedy_tokens(log_probs)).split()[-1] == "swow"
     search = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8))
     assert search.decode(log_probs) == words
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_a_commit_lookback_bounds_the_delay_of_every_word(tiny_lm_bundle, chunk):
+    """Without it a word waits until the whole beam agrees; with it, at most the lookback."""
+    words = "a black dog runs across the green grass".split()
+    log_probs = spelled(tiny_lm_bundle, words, noise=1.0, seed=chunk)
+    last_frame, frame = [], 3  # frame of each word's last piece, as `spelled` lays them out
+    for word in words:
+        frame += 3 * len(tiny_lm_bundle.en.encode(word))
+        last_frame.append(frame - 2)
+    frame_ms = tiny_lm_bundle.config.frame_ms
+    lookback = 4
+    search = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8, commit_ms=lookback * frame_ms))
+    search.begin()
+    streamed, seen = [], []  # seen: frames read when each word was emitted
+    for start in range(0, log_probs.shape[0], chunk):
+        new = search.step(log_probs[start : start + chunk])
+        streamed += new
+        seen += [min(start + chunk, log_probs.shape[0])] * len(new)
+    streamed += search.end()
+    assert streamed == words
+    assert all(s - 1 - f <= lookback + chunk + 2 for s, f in zip(seen, last_frame))

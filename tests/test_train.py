@@ -107,3 +107,16 @@ def test_detached_translation_loss_leaves_the_encoder_alone(tmp_path, tone):
     mt.backward()
     assert all(p.grad is None for p in model.encoder.parameters())
     assert model.decoder.out.weight.grad.abs().sum() > 0
+
+
+def test_extra_corpora_join_the_training_data(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    extra = make_corpus(tmp_path / "voice2", -tone)
+    alone, *_ = prepare(corpus, tmp_path / "a", TINY, 2)
+    other, *_ = prepare(extra, tmp_path / "b", TINY, 2)
+    both, val, *_ = prepare(corpus, tmp_path / "c", TINY, 2, extra=[extra])
+    assert len(both.items) == len(alone.items) + len(other.items) == len(both.offsets) - 1
+    assert torch.equal(both.utterance(2), alone.utterance(2))
+    assert torch.equal(both.utterance(len(alone.items) + 3), other.utterance(3))
+    assert (tmp_path / "c" / "features_train+voice2.safetensors").is_file()
+    assert [it["id"] for it in val.items] == ["val0", "val1"]  # validation: the first corpus
