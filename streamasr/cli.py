@@ -488,6 +488,8 @@ def _float_list(text: str) -> list[float]:
 
 
 def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
+    from .decoding import BeamOptions
+
     tune = sub.add_parser(
         "tune-lm", help="transcript WER of greedy search and of beam-search settings on a manifest"
     )
@@ -502,8 +504,12 @@ def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
         "--word-scores", type=_float_list, default=[-1.0, 0.0, 1.0], help="default -1,0,1"
     )
     tune.add_argument("--beam-sizes", type=_float_list, default=[16], help="default 16")
+    commit = BeamOptions().commit_ms
     tune.add_argument(
-        "--commit-ms", type=_commit_ms_list, default=[None], help="e.g. none,480,960 (default none)"
+        "--commit-ms",
+        type=_commit_ms_list,
+        default=[commit],
+        help=f"commit lookbacks, e.g. none,320,640 (default {commit})",
     )
     tune.set_defaults(func=cmd_tune_lm)
 

@@ -58,7 +58,7 @@ class BeamOptions:
     beam_size: int = 48  # hypotheses kept per frame
     lm_weight: float = 1.25  # weight of the LM's log10 probability (acoustic scores are ln)
     word_score: float = 0.5  # added per word (a length bonus)
-    commit_ms: int | None = None  # commit the best path this far back; None: on agreement only
+    commit_ms: int | None = 640  # commit the best path this far back; None: on agreement only
 
 
 DEFAULT_BEAM = BeamOptions()

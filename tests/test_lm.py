@@ -64,7 +64,7 @@ def spelled(bundle, words: list[str], noise: float, seed: int) -> torch.Tensor:
 def test_streaming_beam_search_equals_the_whole_utterance_search(tiny_lm_bundle, chunk):
     words = "a black dog runs across the green grass".split()
     log_probs = spelled(tiny_lm_bundle, words, noise=1.0, seed=chunk)
-    search = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8))
+    search = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8, commit_ms=None))
     whole = search.decode(log_probs)
     assert whole == words
     search.begin()
