@@ -164,16 +164,10 @@ class CtcBeamSearch:
         best = self.decoder.get_all_final_hypothesis()
         return self._take([w for w in best[0].words if w >= 0] if best else [])
 
-    def decode(self, log_probs: Tensor, chunk_frames: int | None = None) -> list[str]:
-        """A whole utterance, stepped chunk_frames at a time (default: all at once)."""
+    def decode(self, log_probs: Tensor) -> list[str]:
+        """A whole utterance at once (full context)."""
         self.begin()
-        size = chunk_frames or max(1, log_probs.shape[0])
-        words = [
-            w
-            for t in range(0, log_probs.shape[0], size)
-            for w in self.step(log_probs[t : t + size])
-        ]
-        return words + self.end()
+        return self.step(log_probs) + self.end()
 
     def _take(self, word_ids: list[int]) -> list[str]:
         new = word_ids[self.emitted :]
