@@ -196,9 +196,8 @@ def _wait_k(text: str) -> int | None:
 
 
 def _add_decoder_options(p: argparse.ArgumentParser) -> None:
-    from .decoding import BeamOptions
+    from .decoding import DEFAULT_BEAM as default
 
-    default = BeamOptions()
     p.add_argument(
         "--decoder",
         choices=("beam", "greedy"),
@@ -488,7 +487,7 @@ def _float_list(text: str) -> list[float]:
 
 
 def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
-    from .decoding import BeamOptions
+    from .decoding import DEFAULT_BEAM
 
     tune = sub.add_parser(
         "tune-lm", help="transcript WER of greedy search and of beam-search settings on a manifest"
@@ -504,7 +503,7 @@ def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
         "--word-scores", type=_float_list, default=[-1.0, 0.0, 1.0], help="default -1,0,1"
     )
     tune.add_argument("--beam-sizes", type=_float_list, default=[16], help="default 16")
-    commit = BeamOptions().commit_ms
+    commit = DEFAULT_BEAM.commit_ms
     tune.add_argument(
         "--commit-ms",
         type=_commit_ms_list,

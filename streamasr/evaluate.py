@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .bundle import Bundle
-from .decoding import DEFAULT_BEAM, BeamOptions, ctc_greedy_tokens
+from .decoding import DEFAULT_BEAM, BeamOptions, CtcBeamSearch, ctc_greedy_tokens
 from .features import LogMel
 from .manifest import Utterance
 from .metrics import corpus_latency
@@ -108,20 +108,26 @@ def tune_beam(
         search = bundle.beam_search(options)
         hyps, delays = [], []
         for lp, ref, ref_ends in zip(log_probs, refs, ends):
-            words, words_ms = [], []
-            search.begin()
-            for t in range(0, lp.shape[0], chunk_frames):
-                new = search.step(lp[t : t + chunk_frames])
-                chunk_end = min(t + chunk_frames, lp.shape[0]) * bundle.config.frame_ms
-                words, words_ms = words + new, words_ms + [chunk_end] * len(new)
-            new = search.end()
-            words += new
-            words_ms += [lp.shape[0] * bundle.config.frame_ms] * len(new)
+            timed = _stream_search(search, lp, chunk_frames, bundle.config.frame_ms)
+            words = [word for word, _ in timed]
             hyps.append(" ".join(words))
-            delays += emission_delays(words, words_ms, ref.split(), ref_ends)
+            delays += emission_delays(words, [ms for _, ms in timed], ref.split(), ref_ends)
         mean_delay = sum(delays) / len(delays) if delays else None
         rows.append(TuneResult(options, 100 * jiwer.wer(refs, hyps), mean_delay))
     return rows
+
+
+def _stream_search(
+    search: CtcBeamSearch, log_probs: torch.Tensor, chunk_frames: int, frame_ms: int
+) -> list[tuple[str, float]]:
+    """(T, V) log-probs searched chunk by chunk as a session would: each word with the audio
+    read when it was emitted (its chunk's end)."""
+    search.begin()
+    timed = []
+    for t in range(0, log_probs.shape[0], chunk_frames):
+        chunk_end_ms = min(t + chunk_frames, log_probs.shape[0]) * frame_ms
+        timed += [(word, chunk_end_ms) for word in search.step(log_probs[t : t + chunk_frames])]
+    return timed + [(word, log_probs.shape[0] * frame_ms) for word in search.end()]
 
 
 def word_ends_ms(bundle: Bundle, log_probs: torch.Tensor, text: str) -> list[float]:
