@@ -457,9 +457,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bundle.config.chunk_frames(args.chunk_ms)
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
-    runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms, _beam_options(args))
-    model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
     beam = _beam_options(args)
+    runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms, beam)
+    model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
     decoder = str(beam) if bundle.beam_search(beam) is not None else "greedy"
     write_outputs(args.out, model_name, args.chunk_ms, runs, instances, decoder)
     table = Table(
