@@ -29,7 +29,7 @@ from .bundle import Bundle, load_bundle
 from .config import ModelConfig
 from .decoding import ctc_greedy_tokens, translate_segment
 from .features import FeatureStats, LogMel, RunningStats
-from .manifest import read_manifest
+from .manifest import Utterance, read_manifest
 from .model import SpeechTranslator, wait_k_visible_frames
 from .policy import WaitK
 from .text import Tokenizer, normalize_transcript, train_tokenizer
@@ -103,14 +103,21 @@ def build_cache(
     de: Tokenizer,
     limit=None,
 ) -> Cache:
+    """The split's features, cached in `work`. A cache whose utterances (id, transcript,
+    translation) are the manifest's first rows is reused and extended by the rest, so a corpus
+    that grew costs only its new utterances; one that disagrees is rebuilt. Audio is not
+    compared: after re-synthesizing the same sentences, delete the work folder's caches."""
     feat_path, item_path = _cache_paths(work, split)
-    if feat_path.exists() and item_path.exists():
-        data = load_file(str(feat_path))
-        items = [json.loads(line) for line in item_path.read_text().splitlines()]
-        return Cache(data["feats"], data["offsets"], items)
+    rows = read_manifest(manifest, limit)
+    kept = _cached_prefix(feat_path, item_path, rows)
+    if kept is not None and len(kept.items) == len(rows):
+        return kept
     logmel = LogMel(cfg.feature_config())
     chunks, offsets, items = [], [0], []
-    for utt in tqdm(read_manifest(manifest, limit), desc=f"features {split}", unit="utt"):
+    if kept is not None:
+        chunks, offsets, items = [kept.feats], kept.offsets.tolist(), kept.items
+    new_rows = rows[len(items) :]
+    for utt in tqdm(new_rows, desc=f"features {split}", unit="utt"):
         frames = logmel(torch.from_numpy(load_audio(utt.audio)))
         chunks.append(frames.to(torch.float16))
         offsets.append(offsets[-1] + frames.shape[0])
@@ -128,6 +135,21 @@ def build_cache(
     save_file({"feats": cache.feats, "offsets": cache.offsets}, str(feat_path))
     item_path.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     return cache
+
+
+def _cached_prefix(feat_path: Path, item_path: Path, rows: list[Utterance]) -> Cache | None:
+    """The cache at these paths if its utterances are the first of `rows`, else None."""
+    if not (feat_path.exists() and item_path.exists()):
+        return None
+    items = [json.loads(line) for line in item_path.read_text().splitlines()]
+    if len(items) > len(rows):
+        return None
+    for item, utt in zip(items, rows):
+        text = normalize_transcript(utt.text or "")
+        if (item["id"], item["text"], item["translation"]) != (utt.id, text, utt.translation):
+            return None
+    data = load_file(str(feat_path))
+    return Cache(data["feats"], data["offsets"], items)
 
 
 def prepare(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -120,3 +121,25 @@ def test_extra_corpora_join_the_training_data(tmp_path, tone):
     assert torch.equal(both.utterance(len(alone.items) + 3), other.utterance(3))
     assert (tmp_path / "c" / "features_train+voice2.safetensors").is_file()
     assert [it["id"] for it in val.items] == ["val0", "val1"]  # validation: the first corpus
+
+
+def test_feature_cache_follows_its_manifest(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    manifest = corpus / "train.jsonl"
+    rows = manifest.read_text().splitlines(keepends=True)
+    manifest.write_text("".join(rows[:5]))
+    first, *_ = prepare(corpus, tmp_path / "a", TINY, 2)
+    assert len(first.items) == 5
+    manifest.write_text("".join(rows))  # the corpus grew: the cache is extended
+    grown, *_ = prepare(corpus, tmp_path / "a", TINY, 2)
+    (tmp_path / "b").mkdir()
+    for name in ("en.model", "de.model"):  # the same tokenizers: a fresh cache to compare with
+        shutil.copy(tmp_path / "a" / name, tmp_path / "b" / name)
+    fresh, *_ = prepare(corpus, tmp_path / "b", TINY, 2)
+    assert grown.items == fresh.items
+    assert torch.equal(grown.feats, fresh.feats) and torch.equal(grown.offsets, fresh.offsets)
+    changed = json.loads(rows[0]) | {"text": "something else entirely"}
+    manifest.write_text(json.dumps(changed) + "\n" + "".join(rows[1:]))  # it changed: rebuilt
+    rebuilt, *_ = prepare(corpus, tmp_path / "a", TINY, 2)
+    assert rebuilt.items[0]["text"] == "something else entirely"
+    assert torch.equal(rebuilt.feats, fresh.feats)
