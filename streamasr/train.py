@@ -95,20 +95,13 @@ def _cache_paths(work: Path, split: str) -> tuple[Path, Path]:
 
 
 def build_cache(
-    manifest: Path,
-    work: Path,
-    split: str,
-    cfg: ModelConfig,
-    en: Tokenizer,
-    de: Tokenizer,
-    limit=None,
+    rows: list[Utterance], work: Path, split: str, cfg: ModelConfig, en: Tokenizer, de: Tokenizer
 ) -> Cache:
-    """The split's features, cached in `work`. A cache whose utterances (id, transcript,
-    translation) are the manifest's first rows is reused and extended by the rest, so a corpus
+    """The features of a manifest's rows, cached in `work`. A cache whose utterances (id,
+    transcript, translation) are the first rows is reused and extended by the rest, so a corpus
     that grew costs only its new utterances; one that disagrees is rebuilt. Audio is not
     compared: after re-synthesizing the same sentences, delete the work folder's caches."""
     feat_path, item_path = _cache_paths(work, split)
-    rows = read_manifest(manifest, limit)
     kept = _cached_prefix(feat_path, item_path, rows)
     if kept is not None and len(kept.items) == len(rows):
         return kept
@@ -167,10 +160,14 @@ def prepare(
         train_tokenizer((r.translation or "" for r in train_rows), work / "de", cfg.de_vocab)
     en, de = Tokenizer(work / "en.model"), Tokenizer(work / "de.model")
     train = Cache.concat(
-        [build_cache(corpus / "train.jsonl", work, "train", cfg, en, de)]
-        + [build_cache(e / "train.jsonl", work, f"train+{e.name}", cfg, en, de) for e in extra]
+        [build_cache(train_rows, work, "train", cfg, en, de)]
+        + [
+            build_cache(read_manifest(e / "train.jsonl"), work, f"train+{e.name}", cfg, en, de)
+            for e in extra
+        ]
     )
-    val = build_cache(corpus / "val.jsonl", work, "val", cfg, en, de, limit=val_limit)
+    val_rows = read_manifest(corpus / "val.jsonl", val_limit)
+    val = build_cache(val_rows, work, "val", cfg, en, de)
     stats_path = work / "feature_stats.safetensors"
     if not stats_path.exists():
         running = RunningStats(cfg.n_mels)
