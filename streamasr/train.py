@@ -97,50 +97,48 @@ def _cache_paths(work: Path, split: str) -> tuple[Path, Path]:
 def build_cache(
     rows: list[Utterance], work: Path, split: str, cfg: ModelConfig, en: Tokenizer, de: Tokenizer
 ) -> Cache:
-    """The features of a manifest's rows, cached in `work`. A cache whose utterances (id,
-    transcript, translation) are the first rows is reused and extended by the rest, so a corpus
-    that grew costs only its new utterances; one that disagrees is rebuilt. Audio is not
-    compared: after re-synthesizing the same sentences, delete the work folder's caches."""
+    """The features of a manifest's rows, cached in `work`. A cache whose items (id, transcript,
+    translation and their token ids) are those of the first rows is reused and extended by the
+    rest, so a corpus that grew costs only its new utterances; one that disagrees is rebuilt.
+    Audio is not compared: after re-synthesizing the same sentences, delete the work folder's
+    caches."""
     feat_path, item_path = _cache_paths(work, split)
-    kept = _cached_prefix(feat_path, item_path, rows)
+    kept = _cached_prefix(feat_path, item_path, [_item(utt, en, de) for utt in rows])
     if kept is not None and len(kept.items) == len(rows):
         return kept
     logmel = LogMel(cfg.feature_config())
     chunks, offsets, items = [], [0], []
     if kept is not None:
         chunks, offsets, items = [kept.feats], kept.offsets.tolist(), kept.items
-    new_rows = rows[len(items) :]
-    for utt in tqdm(new_rows, desc=f"features {split}", unit="utt"):
+    for utt in tqdm(rows[len(items) :], desc=f"features {split}", unit="utt"):
         frames = logmel(torch.from_numpy(load_audio(utt.audio)))
         chunks.append(frames.to(torch.float16))
         offsets.append(offsets[-1] + frames.shape[0])
-        text = normalize_transcript(utt.text or "")
-        items.append(
-            {
-                "id": utt.id,
-                "text": text,
-                "translation": utt.translation,
-                "en": en.encode(text),
-                "de": de.encode(utt.translation or ""),
-            }
-        )
+        items.append(_item(utt, en, de))
     cache = Cache(torch.cat(chunks), torch.tensor(offsets), items)
     save_file({"feats": cache.feats, "offsets": cache.offsets}, str(feat_path))
     item_path.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     return cache
 
 
-def _cached_prefix(feat_path: Path, item_path: Path, rows: list[Utterance]) -> Cache | None:
-    """The cache at these paths if its utterances are the first of `rows`, else None."""
+def _item(utt: Utterance, en: Tokenizer, de: Tokenizer) -> dict:
+    text = normalize_transcript(utt.text or "")
+    return {
+        "id": utt.id,
+        "text": text,
+        "translation": utt.translation,
+        "en": en.encode(text),
+        "de": de.encode(utt.translation or ""),
+    }
+
+
+def _cached_prefix(feat_path: Path, item_path: Path, expected: list[dict]) -> Cache | None:
+    """The cache at these paths if its items are the first of `expected`, else None."""
     if not (feat_path.exists() and item_path.exists()):
         return None
     items = [json.loads(line) for line in item_path.read_text().splitlines()]
-    if len(items) > len(rows):
+    if items != expected[: len(items)] or len(items) > len(expected):
         return None
-    for item, utt in zip(items, rows):
-        text = normalize_transcript(utt.text or "")
-        if (item["id"], item["text"], item["translation"]) != (utt.id, text, utt.translation):
-            return None
     data = load_file(str(feat_path))
     return Cache(data["feats"], data["offsets"], items)
 
