@@ -21,6 +21,8 @@ from .model import SpeechTranslator
 from .text import Tokenizer
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "base"
+# Output layers tied to their embeddings: saved once, under the embedding's name.
+TIED = ("decoder.out.weight", "transcript_decoder.out.weight")
 FILES = ("config.json", "model.safetensors", "feature_stats.safetensors", "en.model", "de.model")
 
 
@@ -58,7 +60,8 @@ class Bundle:
         folder.mkdir(parents=True, exist_ok=True)
         self.config.save(folder / "config.json")
         state = {k: v.contiguous() for k, v in self.model.state_dict().items()}
-        state.pop("decoder.out.weight", None)  # tied to decoder.embed.weight
+        for name in TIED:
+            state.pop(name, None)
         save_file(state, str(folder / "model.safetensors"))
         save_file(
             {"mean": self.stats.mean, "std": self.stats.std},
@@ -82,7 +85,7 @@ def load_bundle(folder: str | Path | None = None) -> Bundle:
     missing_keys, unexpected = model.load_state_dict(
         load_file(str(folder / "model.safetensors")), strict=False
     )
-    if unexpected or set(missing_keys) - {"decoder.out.weight"}:
+    if unexpected or set(missing_keys) - set(TIED):
         raise ModelFolderError(
             f"{folder}: weights do not match config.json ({missing_keys + unexpected})"
         )

@@ -73,8 +73,17 @@ TRAIN_OPTIONS = (
     "augment_from",
     "mt_detach",
     "freeze_encoder",
+    "batch_tokens",
 )
-MODEL_OPTIONS = ("d_model", "encoder_layers", "decoder_layers", "d_ff", "en_vocab", "de_vocab")
+MODEL_OPTIONS = (
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "d_ff",
+    "en_vocab",
+    "de_vocab",
+    "transcript_encoder_layers",
+)
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +107,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     train.add_argument("--stop-at", type=int, help="end this run at that step (resume later)")
     train.add_argument("--init", type=Path, help="start from a model folder's weights (warm start)")
+    train.add_argument(
+        "--cascade",
+        action="store_true",
+        help="train only the transcript translator (text pairs, no audio) of the --init model; "
+        "needs --transcript-encoder-layers",
+    )
     for cls, names in ((TrainConfig, TRAIN_OPTIONS), (ModelConfig, MODEL_OPTIONS)):
         for name in names:
             default = getattr(cls, name)
@@ -130,6 +145,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from .config import ModelConfig
     from .train import TrainConfig, TrainError, train
+    from .train_cascade import train_cascade
 
     model_cfg = ModelConfig(**{name: getattr(args, name) for name in MODEL_OPTIONS})
     train_cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
@@ -141,10 +157,18 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"{path.parent}: no {path.name} (build it with `streamasr data build`)"
             )
     try:
-        train(
-            args.corpus, args.work, model_cfg, train_cfg,
-            stop_at=args.stop_at, init=args.init, extra=args.extra_train,
-        )  # fmt: skip
+        if args.cascade:
+            if args.init is None or not args.transcript_encoder_layers:
+                raise UsageError("--cascade needs --init MODEL and --transcript-encoder-layers N")
+            train_cascade(
+                args.corpus, args.work, args.init, train_cfg, args.transcript_encoder_layers,
+                stop_at=args.stop_at, extra=args.extra_train,
+            )  # fmt: skip
+        else:
+            train(
+                args.corpus, args.work, model_cfg, train_cfg,
+                stop_at=args.stop_at, init=args.init, extra=args.extra_train,
+            )  # fmt: skip
     except TrainError as err:
         raise UsageError(str(err)) from None
     return 0
@@ -224,6 +248,13 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
         help="commit the beam's best words once they are this old (bounds the transcript's"
         f" delay); none: only when every hypothesis agrees (default {default.commit_ms})",
     )
+    p.add_argument(
+        "--translate-from",
+        choices=("speech", "transcript"),
+        help="translation source: speech (encoder frames, a wait-k unit per unit_ms) or "
+        "transcript (the committed words, a unit per word; models with a transcript "
+        "translator). Default: the model's",
+    )
 
 
 def _commit_ms(text: str) -> int | None:
@@ -248,6 +279,14 @@ def _beam_options(args: argparse.Namespace):
     if args.decoder == "greedy":
         return None
     return BeamOptions(args.beam_size, args.lm_weight, args.word_score, args.commit_ms)
+
+
+def _translate_from(args: argparse.Namespace, bundle) -> str:
+    """The translation source the flags and the model give; one the model lacks is a usage error."""
+    source = args.translate_from or bundle.config.translate_from
+    if source == "transcript" and not bundle.model.has_cascade:
+        raise UsageError("--translate-from transcript: this model has no transcript translator")
+    return source
 
 
 def _add_session_options(p: argparse.ArgumentParser) -> None:
@@ -310,6 +349,7 @@ def _load_model(args: argparse.Namespace):
         chunk_ms=args.chunk_ms,
         translate=args.translate,
         wait_k=args.wait_k,
+        translate_from=_translate_from(args, bundle),
         beam=_beam_options(args),
     )
 
@@ -458,10 +498,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
     beam = _beam_options(args)
-    runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms, beam)
+    source = _translate_from(args, bundle)
+    runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms, beam, source)
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
     decoder = str(beam) if bundle.beam_search(beam) is not None else "greedy"
-    write_outputs(args.out, model_name, args.chunk_ms, runs, instances, decoder)
+    write_outputs(args.out, model_name, args.chunk_ms, runs, instances, decoder, source)
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"
     )

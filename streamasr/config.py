@@ -8,6 +8,8 @@ from pathlib import Path
 
 from .features import FeatureConfig
 
+TRANSLATION_SOURCES = ("speech", "transcript")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -32,6 +34,16 @@ class ModelConfig:
     de_vocab: int = 4000  # translation sentencepiece size
     max_target_tokens: int = 160  # decoder positions
     dropout: float = 0.1  # on attention/FFN outputs during training
+    # Cascade translation: a causal Transformer over the transcript's subwords with its own
+    # wait-k decoder, whose source units are transcript words. 0 layers = none.
+    transcript_encoder_layers: int = 0
+    translate_from: str = "speech"  # the default source of translation: "speech" or "transcript"
+
+    def __post_init__(self) -> None:
+        if self.translate_from not in TRANSLATION_SOURCES:
+            raise ValueError(f"translate_from must be one of {TRANSLATION_SOURCES}")
+        if self.translate_from == "transcript" and not self.transcript_encoder_layers:
+            raise ValueError("translate_from='transcript' needs transcript_encoder_layers > 0")
 
     @property
     def subsampling(self) -> int:

@@ -1,5 +1,5 @@
 """Decoding: streaming CTC search (greedy, or beam search with a word LM) and the wait-k
-incremental translator.
+incremental translators (from encoder frames, or from the committed transcript words).
 
 Greedy search and the translator carry explicit frozen states, so a session, the trainer's
 validation and the evaluation run the same code. The beam search is flashlight-text's lexicon
@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .model import DecoderState, SpeechTranslator
+from .model import DecoderState, SpeechTranslator, TranslationDecoder
 from .policy import Action, PolicyView, WaitK
+from .text import Tokenizer
 
 BLANK = 0  # CTC blank of the transcript vocabulary
 PAD = 0  # padding id of the translation vocabulary
@@ -178,52 +179,61 @@ class CtcBeamSearch:
 @dataclass(frozen=True)
 class TranslatorState:
     decoder: DecoderState
-    frames_read: int = 0  # encoder frames of this segment projected into the cross caches
+    memory_read: int = 0  # source positions of this segment in the cross caches
+    unit_ends: tuple[int, ...] = ()  # memory position just after each complete source unit
+    source: tuple[int, ...] = ()  # transcript subwords read (transcript source only)
     tokens: tuple[int, ...] = ()  # target tokens written so far
     next_input: int = 1  # token fed at the next step (bos first)
     done: bool = False  # eos written or length cap reached
 
 
 class WaitKTranslator:
-    """Reads encoder frames of one segment, writes target tokens when the policy says Write."""
+    """Writes target tokens over a growing source memory when the policy says Write.
 
-    def __init__(self, model: SpeechTranslator, policy: WaitK, bos_id: int, eos_id: int):
-        self.model, self.policy = model, policy
+    Subclasses say what a source unit is: `unit_ms` of encoder frames (SpeechWaitKTranslator)
+    or one transcript word (TranscriptWaitKTranslator). Token i sees the memory of its first
+    k + i // tokens_per_unit units, exactly as in prefix-to-prefix training.
+    """
+
+    def __init__(self, decoder: TranslationDecoder, policy: WaitK, bos_id: int, eos_id: int):
+        self.decoder, self.policy = decoder, policy
         self.bos_id, self.eos_id = bos_id, eos_id
-        self.unit_frames = model.cfg.unit_frames
 
     def init_state(self) -> TranslatorState:
-        return TranslatorState(decoder=self.model.decoder.init_state(), next_input=self.bos_id)
+        return TranslatorState(decoder=self.decoder.init_state(), next_input=self.bos_id)
 
-    def read(self, frames: Tensor, state: TranslatorState) -> TranslatorState:
-        """Append encoder frames (1, C, D) of the current segment."""
-        if frames.shape[1] == 0:
+    def _extend(self, memory: Tensor, unit_ends: list[int], state: TranslatorState):
+        """Project new memory (1, C, D) into the cross caches; record complete units."""
+        if memory.shape[1] == 0:
             return state
-        decoder = self.model.decoder.extend_memory(frames, state.decoder)
-        return replace(state, decoder=decoder, frames_read=state.frames_read + frames.shape[1])
+        return replace(
+            state,
+            decoder=self.decoder.extend_memory(memory, state.decoder),
+            memory_read=state.memory_read + memory.shape[1],
+            unit_ends=state.unit_ends + tuple(unit_ends),
+        )
+
+    def _visible(self, state: TranslatorState, units: int | None) -> int:
+        if units is None or units > len(state.unit_ends):
+            return state.memory_read
+        return state.unit_ends[units - 1]
 
     def _max_tokens(self, state: TranslatorState) -> int:
-        units = -(-state.frames_read // self.unit_frames)
-        return min(self.model.cfg.max_target_tokens - 1, 8 + 3 * units)
+        complete = state.unit_ends[-1] if state.unit_ends else 0
+        units = len(state.unit_ends) + (state.memory_read > complete)  # a partial unit counts
+        return min(self.decoder.cfg.max_target_tokens - 1, 8 + 3 * units)
 
     def write(
         self, state: TranslatorState, source_finished: bool
     ) -> tuple[list[int], TranslatorState]:
         """Write every token the policy allows now; returns the new tokens (eos excluded)."""
         new: list[int] = []
-        while not state.done and state.frames_read > 0:
-            view = PolicyView(
-                state.frames_read // self.unit_frames, len(state.tokens), source_finished
-            )
+        while not state.done and state.memory_read > 0:
+            view = PolicyView(len(state.unit_ends), len(state.tokens), source_finished)
             if self.policy(view) is Action.READ:
                 break
-            needed = self.policy.units_needed(len(state.tokens))
-            visible = (
-                state.frames_read
-                if needed is None
-                else min(needed * self.unit_frames, state.frames_read)
-            )
-            logits, decoder = self.model.decoder.step(
+            visible = self._visible(state, self.policy.units_needed(len(state.tokens)))
+            logits, decoder = self.decoder.step(
                 torch.tensor([state.next_input]), state.decoder, visible
             )
             logits[0, [PAD, self.bos_id]] = float("-inf")  # never written
@@ -238,16 +248,61 @@ class WaitKTranslator:
         return new, state
 
 
-def translate_segment(
-    model: SpeechTranslator, memory: Tensor, policy: WaitK, bos_id: int, eos_id: int
-) -> list[int]:
-    """Simultaneous translation of a whole encoded segment (1, S, D), read one unit at a time."""
-    translator = WaitKTranslator(model, policy, bos_id, eos_id)
+class SpeechWaitKTranslator(WaitKTranslator):
+    """Translation from encoder frames: every unit_ms of a segment's frames is one unit."""
+
+    def __init__(self, model: SpeechTranslator, policy: WaitK, bos_id: int, eos_id: int):
+        super().__init__(model.decoder, policy, bos_id, eos_id)
+        self.unit_frames = model.cfg.unit_frames
+
+    def read(self, frames: Tensor, state: TranslatorState) -> TranslatorState:
+        """Append encoder frames (1, C, D) of the current segment."""
+        total = state.memory_read + frames.shape[1]
+        first = len(state.unit_ends) + 1
+        ends = list(range(first * self.unit_frames, total + 1, self.unit_frames))
+        return self._extend(frames, ends, state)
+
+
+class TranscriptWaitKTranslator(WaitKTranslator):
+    """Cascade translation from committed transcript words: every word is one unit.
+
+    The segment's subwords so far are re-encoded by the causal transcript encoder (a prefix
+    encodes the same whatever follows) and only the new positions enter the cross caches.
+    """
+
+    def __init__(
+        self, model: SpeechTranslator, en: Tokenizer, policy: WaitK, bos_id: int, eos_id: int
+    ):
+        if not model.has_cascade:
+            raise ValueError(
+                "this model has no transcript translator (transcript_encoder_layers=0)"
+            )
+        super().__init__(model.transcript_decoder, policy, bos_id, eos_id)
+        self.encoder, self.en = model.transcript_encoder, en
+
+    def read(self, words: list[str], state: TranslatorState) -> TranslatorState:
+        """Append committed transcript words (normalized, lowercase) of the current segment."""
+        source, ends = list(state.source), []
+        for word in words:
+            source += self.en.encode(word)
+            ends.append(len(source))
+        if len(source) == state.memory_read:
+            return state
+        memory = self.encoder(torch.tensor([source]))[:, state.memory_read :]
+        return replace(self._extend(memory, ends, state), source=tuple(source))
+
+
+def translate_segment(translator: WaitKTranslator, units: list) -> list[int]:
+    """Simultaneous translation of a whole segment, given as its source units in order (encoder
+    frame blocks (1, C, D) for speech, words for a transcript), read one unit at a time."""
     state = translator.init_state()
-    unit = model.cfg.unit_frames
-    for start in range(0, memory.shape[1], unit):
-        state = translator.read(memory[:, start : start + unit], state)
-        if state.frames_read % unit == 0:
-            _, state = translator.write(state, source_finished=False)
+    for unit in units:
+        state = translator.read(unit, state)
+        _, state = translator.write(state, source_finished=False)
     _, state = translator.write(state, source_finished=True)
     return list(state.tokens)
+
+
+def speech_units(model: SpeechTranslator, memory: Tensor) -> list[Tensor]:
+    """An encoded segment (1, S, D) cut into its wait-k units (the last one may be partial)."""
+    return list(memory.split(model.cfg.unit_frames, dim=1))

@@ -171,10 +171,17 @@ def run_instance(
     chunk_ms: int,
     offline: FullContext,
     beam: BeamOptions | None,
+    translate_from: str | None = None,
 ) -> Instance:
     source = FileSource(utt.audio, audio=audio)
     translate = utt.translation is not None
-    options = SessionOptions(chunk_ms=chunk_ms, translate=translate, wait_k=wait_k, beam=beam)
+    options = SessionOptions(
+        chunk_ms=chunk_ms,
+        translate=translate,
+        wait_k=wait_k,
+        translate_from=translate_from,
+        beam=beam,
+    )
     session = Session(bundle, options, stream=utt.id, clock="virtual")
     run_stream(session, source, lambda events: None)
     hyp_words = [w.text for w in session.transcript_words]
@@ -244,6 +251,7 @@ def evaluate(
     wait_ks: list[int | None],
     chunk_ms: int,
     beam: BeamOptions | None = DEFAULT_BEAM,
+    translate_from: str | None = None,
 ) -> tuple[list[dict], list[Instance]]:
     """Every (utterance, k) through a fresh Session; returns the per-k runs and all instances.
 
@@ -256,7 +264,9 @@ def evaluate(
             audio = load_audio(utt.audio)
             offline = full_context_pass(bundle, audio, utt.text, beam)
             for k in wait_ks:
-                per_k[k].append(run_instance(bundle, utt, audio, k, chunk_ms, offline, beam))
+                per_k[k].append(
+                    run_instance(bundle, utt, audio, k, chunk_ms, offline, beam, translate_from)
+                )
                 bar.update(1)
     runs = [summarize(instances, "inf" if k is None else k) for k, instances in per_k.items()]
     return runs, [ins for instances in per_k.values() for ins in instances]
@@ -279,12 +289,19 @@ def write_outputs(
     runs: list[dict],
     instances: list[Instance],
     decoder: str = "greedy",
+    translate_from: str = "speech",
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "instances.jsonl", "w", encoding="utf-8") as f:
         for ins in instances:
             f.write(json.dumps(instance_json(ins), ensure_ascii=False) + "\n")
-    summary = {"model": model, "chunk_ms": chunk_ms, "decoder": decoder, "runs": runs}
+    summary = {
+        "model": model,
+        "chunk_ms": chunk_ms,
+        "decoder": decoder,
+        "translate_from": translate_from,
+        "runs": runs,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_latency_quality(runs, out / "latency_quality.png", f"{model}, {chunk_ms} ms chunks")
     return summary
@@ -382,15 +399,18 @@ def results_section(eval_dirs: list[Path]) -> str:
     for folder in eval_dirs:
         summary = json.loads((folder / "summary.json").read_text())
         count = sum(1 for _ in open(folder / "instances.jsonl")) // max(1, len(summary["runs"]))
+        source = summary.get("translate_from", "speech")  # eval folders before the cascade
         parts.append(
-            f"**{summary['chunk_ms']} ms chunks** ({summary['model']}, {count} utterances,"
+            f"**{summary['chunk_ms']} ms chunks, translation from the {source}**"
+            f" ({summary['model']}, {count} utterances,"
             f" {summary.get('decoder', 'greedy')} transcript search, `{folder}`):\n"
         )
         parts.append(markdown_table(summary["runs"]) + "\n")
         plot = folder / "latency_quality.png"
         if plot.exists():
             parts.append(
-                f"![BLEU against AL and LAAL, {summary['chunk_ms']} ms]({plot.as_posix()})\n"
+                f"![BLEU against AL and LAAL, {summary['chunk_ms']} ms, from the {source}]"
+                f"({plot.as_posix()})\n"
             )
     return "\n".join(parts)
 

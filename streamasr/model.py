@@ -27,6 +27,13 @@ def rotary(x: Tensor, positions: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def sinusoids(length: int, dim: int) -> Tensor:
+    """(length, dim) absolute sinusoidal positions (Vaswani et al., 2017)."""
+    inv = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2) / dim)
+    angles = torch.arange(length)[:, None] * inv[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
 def chunk_mask(num_frames: int, chunk_frames: int, left_frames: int, device=None) -> Tensor:
     """(T, T) bool, True where query t may attend key s: its own chunk and left_frames before it."""
     t = torch.arange(num_frames, device=device)
@@ -306,6 +313,23 @@ def wait_k_visible_frames(
     return torch.minimum(frames, source_frames[:, None]).clamp_min(1)
 
 
+def wait_k_visible_positions(
+    num_targets: int, unit_ends: list[list[int]], wait_k: int | None, tokens_per_unit: int
+) -> Tensor:
+    """Source units of any length (transcript words): unit_ends[b] lists the memory position
+    just after each unit of row b, the last one its source length -> (B, U) positions target
+    token i may see under wait-k, as wait_k_visible_frames does for fixed units."""
+    i = torch.arange(num_targets)
+    rows = []
+    for ends in unit_ends:
+        if wait_k is None or not ends:
+            rows.append(torch.full((num_targets,), ends[-1] if ends else 1))
+            continue
+        units = (wait_k + torch.div(i, tokens_per_unit, rounding_mode="floor")).clamp_max(len(ends))
+        rows.append(torch.tensor(ends)[units - 1])
+    return torch.stack(rows).clamp_min(1)
+
+
 @dataclass(frozen=True)
 class DecoderLayerState:
     self_keys: Tensor  # (B, H, t, Dh)
@@ -398,18 +422,12 @@ class TranslationDecoder(nn.Module):
         # Scaled by sqrt(d) on input and tied to the output layer: unit-scale both ways.
         nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
         self.register_buffer(
-            "positions", self._sinusoids(cfg.max_target_tokens, cfg.d_model), persistent=False
+            "positions", sinusoids(cfg.max_target_tokens, cfg.d_model), persistent=False
         )
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.out = nn.Linear(cfg.d_model, cfg.de_vocab)
         self.out.weight = self.embed.weight  # tied: fewer parameters, better small-data training
-
-    @staticmethod
-    def _sinusoids(length: int, dim: int) -> Tensor:
-        inv = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2) / dim)
-        angles = torch.arange(length)[:, None] * inv[None, :]
-        return torch.cat([angles.sin(), angles.cos()], dim=1)  # (length, dim)
 
     def _embed(self, tokens: Tensor, start: int) -> Tensor:
         if start + tokens.shape[1] > self.cfg.max_target_tokens:
@@ -466,11 +484,51 @@ class TranslationDecoder(nn.Module):
         return logits, DecoderState(layers=tuple(layers), tokens_done=state.tokens_done + 1)
 
 
+# --------------------------------------------------------------------------- cascade source
+
+
+class TranscriptEncoder(nn.Module):
+    """A causal Transformer over transcript subwords, the source of cascade translation.
+
+    Causal, so a prefix encodes the same whatever follows: words committed while streaming are
+    encoded once and never revised, exactly as in prefix-to-prefix training.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.embed = nn.Embedding(cfg.en_vocab, cfg.d_model)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                cfg.d_model,
+                cfg.n_heads,
+                cfg.d_ff,
+                cfg.dropout,
+                batch_first=True,
+                norm_first=True,
+            )
+            for _ in range(cfg.transcript_encoder_layers)
+        )
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """(B, S) subword ids (right-padded) -> (B, S, D); position s sees positions <= s."""
+        S = tokens.shape[1]
+        x = self.embed(tokens) * math.sqrt(self.d_model) + sinusoids(S, self.d_model).to(
+            self.embed.weight
+        )
+        causal = nn.Transformer.generate_square_subsequent_mask(S, device=tokens.device)
+        for layer in self.layers:
+            x = layer(x, src_mask=causal, is_causal=True)
+        return self.norm(x)
+
+
 # --------------------------------------------------------------------------- the whole model
 
 
 class SpeechTranslator(nn.Module):
-    """Encoder + CTC head (transcript) + wait-k decoder (translation)."""
+    """Encoder + CTC head (transcript) + wait-k decoder over the encoder frames (translation),
+    and optionally a cascade: transcript encoder + its own wait-k decoder."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -478,6 +536,13 @@ class SpeechTranslator(nn.Module):
         self.encoder = StreamingEncoder(cfg)
         self.ctc_head = nn.Linear(cfg.d_model, cfg.en_vocab)
         self.decoder = TranslationDecoder(cfg)
+        if cfg.transcript_encoder_layers:
+            self.transcript_encoder = TranscriptEncoder(cfg)
+            self.transcript_decoder = TranslationDecoder(cfg)
+
+    @property
+    def has_cascade(self) -> bool:
+        return self.cfg.transcript_encoder_layers > 0
 
     def ctc_log_probs(self, frames: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, V_en) log-probabilities; id 0 is the blank."""

@@ -2,10 +2,11 @@
 
 features (carried samples) -> encoder chunks (carried caches) -> CTC greedy (carried label)
 -> words, or, when the model folder has a word LM, CTC beam search -> the words its beam agrees
-on; the same frames feed the wait-k translator of the current segment. A run of blank frames
-(greedy labels) closes a segment: its transcript and translation become final and the decoders
-are reset, so a stream of any length runs in flat memory. Output never depends on how the audio
-was cut into pieces: work is done in whole encoder chunks.
+on. The wait-k translator of the current segment reads either the same frames (translation from
+speech) or the words as they are committed (the cascade: translation from the transcript). A run
+of blank frames (greedy labels) closes a segment: its transcript and translation become final and
+the decoders are reset, so a stream of any length runs in flat memory. Output never depends on
+how the audio was cut into pieces: work is done in whole encoder chunks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ import torch
 
 from .audio import SAMPLES_PER_MS
 from .bundle import Bundle
-from .decoding import DEFAULT_BEAM, BeamOptions, CtcState, WaitKTranslator, ctc_greedy_step
+from .config import TRANSLATION_SOURCES
+from .decoding import (
+    DEFAULT_BEAM,
+    BeamOptions,
+    CtcState,
+    SpeechWaitKTranslator,
+    TranscriptWaitKTranslator,
+    ctc_greedy_step,
+)
 from .features import LogMel, StreamingLogMel
 from .policy import WaitK
 from .text import Tokenizer
@@ -30,6 +39,8 @@ class SessionOptions:
     chunk_ms: int = 320  # encoder chunk: audio gathered before each step
     translate: bool = True  # run the wait-k translator
     wait_k: int | None = 3  # None = full context (translate once the segment has ended)
+    translate_from: str | None = None  # "speech" (encoder frames, units of unit_ms) or
+    # "transcript" (committed words, one unit each); None: the model's default
     endpoint_ms: int = 800  # a run of blank frames this long closes a segment
     lead_in_ms: int = 640  # audio before the first transcript token that still joins the segment
     max_segment_ms: int = 20_000  # close a segment that runs this long without a pause
@@ -186,9 +197,17 @@ class Session:
         self.beam = bundle.beam_search(options.beam)
         self.clock = VirtualClock() if clock == "virtual" else WallClock()
         self.policy = WaitK(options.wait_k, cfg.tokens_per_unit)
-        self.translator = WaitKTranslator(
-            bundle.model, self.policy, bundle.de.bos_id, bundle.de.eos_id
-        )
+        self.translate_from = options.translate_from or cfg.translate_from
+        if self.translate_from not in TRANSLATION_SOURCES:
+            raise ValueError(f"translate_from must be one of {TRANSLATION_SOURCES}")
+        if self.translate_from == "transcript":
+            self.translator = TranscriptWaitKTranslator(
+                bundle.model, bundle.en, self.policy, bundle.de.bos_id, bundle.de.eos_id
+            )
+        else:
+            self.translator = SpeechWaitKTranslator(
+                bundle.model, self.policy, bundle.de.bos_id, bundle.de.eos_id
+            )
         self.translator_state = self.translator.init_state()
         self.segment = _SegmentState()
         self.en_words = WordAssembler(bundle.en)
@@ -255,7 +274,7 @@ class Session:
         frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state)
         first_frame = self.encoder_state.frames_done - frames.shape[1]
         events = self._transcript(model.ctc_log_probs(frames)[0], first_frame, delay_ms)
-        events += self._translate(frames, first_frame, delay_ms)
+        events += self._translate(frames, first_frame, delay_ms, self._new_words(events))
         seg = self.segment
         silence_ms = self.ctc_state.trailing_blank_frames * cfg.frame_ms
         too_long = seg.frames * cfg.frame_ms >= self.options.max_segment_ms
@@ -312,7 +331,7 @@ class Session:
         if seg.lead_in is None or seg.lead_in.shape[1] == 0:
             seg.start_frame = first_frame
         else:
-            if self.options.translate:
+            if self.options.translate and self.translate_from == "speech":
                 self.translator_state = self.translator.read(seg.lead_in, self.translator_state)
             seg.frames += seg.lead_in.shape[1]
         seg.lead_in = None
@@ -325,7 +344,15 @@ class Session:
         seg.lead_in = lead[:, lead.shape[1] - min(keep, lead.shape[1]) :]
         seg.start_frame = first_frame + frames.shape[1] - seg.lead_in.shape[1]
 
-    def _translate(self, frames: torch.Tensor, first_frame: int, delay_ms: float) -> list[Event]:
+    @staticmethod
+    def _new_words(events: list[Event]) -> list[str]:
+        return [word for event in events for word in event.text.split()]
+
+    def _translate(
+        self, frames: torch.Tensor, first_frame: int, delay_ms: float, words: list[str]
+    ) -> list[Event]:
+        """Read this chunk's source (its frames, or the words it committed), write what the
+        policy allows."""
         seg = self.segment
         if not seg.started:
             self._keep_lead_in(frames, first_frame)
@@ -333,7 +360,8 @@ class Session:
         seg.frames += frames.shape[1]
         if not self.options.translate:
             return []
-        self.translator_state = self.translator.read(frames, self.translator_state)
+        source = words if self.translate_from == "transcript" else frames
+        self.translator_state = self.translator.read(source, self.translator_state)
         tokens, self.translator_state = self.translator.write(
             self.translator_state, source_finished=False
         )
@@ -359,6 +387,10 @@ class Session:
             words = [(word, (delay_ms, self.clock.now_ms())) for word in self.beam.end()]
         events = self._word_events("transcript", words, delay_ms, final=True)
         if self.options.translate:
+            if self.translate_from == "transcript":
+                self.translator_state = self.translator.read(
+                    self._new_words(events), self.translator_state
+                )
             tokens, self.translator_state = self.translator.write(
                 self.translator_state, source_finished=True
             )

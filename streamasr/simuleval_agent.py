@@ -26,7 +26,10 @@ class StreamasrAgent(SpeechToTextAgent):
     def __init__(self, args):
         self.bundle = load_bundle(args.model_dir)
         self.options = SessionOptions(
-            chunk_ms=args.chunk_ms, translate=True, wait_k=parse_wait_k(args.wait_k)
+            chunk_ms=args.chunk_ms,
+            translate=True,
+            wait_k=parse_wait_k(args.wait_k),
+            translate_from=args.translate_from,
         )
         super().__init__(args)  # calls reset(), which needs the bundle
 
@@ -37,6 +40,12 @@ class StreamasrAgent(SpeechToTextAgent):
         )
         parser.add_argument("--wait-k", default="3", help="K >= 1 or inf")
         parser.add_argument("--chunk-ms", type=int, default=320, help="encoder chunk")
+        parser.add_argument(
+            "--translate-from",
+            choices=("speech", "transcript"),
+            default=None,
+            help="translation source (default: the model's)",
+        )
 
     def reset(self) -> None:
         super().reset()

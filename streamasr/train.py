@@ -27,7 +27,7 @@ from .audio import load_audio
 from .augment import AugmentConfig, augment_logmel, spec_augment
 from .bundle import Bundle, load_bundle
 from .config import ModelConfig
-from .decoding import ctc_greedy_tokens, translate_segment
+from .decoding import SpeechWaitKTranslator, ctc_greedy_tokens, speech_units, translate_segment
 from .features import FeatureStats, LogMel, RunningStats
 from .manifest import Utterance, read_manifest
 from .model import SpeechTranslator, wait_k_visible_frames
@@ -45,6 +45,7 @@ class TrainError(ValueError):
 class TrainConfig:
     steps: int = 5600  # optimizer steps in all (resume continues towards this)
     batch_frames: int = 6000  # feature frames per batch, padding included (60 s of audio)
+    batch_tokens: int = 3000  # cascade training: source + target tokens per batch, padding included
     lr: float = 1.5e-3  # peak learning rate after warm-up
     warmup_steps: int = 200  # linear warm-up
     weight_decay: float = 0.01
@@ -283,9 +284,9 @@ def validate(
             hyps.append(en.decode(ctc_greedy_tokens(model.ctc_log_probs(frames)[0])))
             refs.append(item["text"])
             for name, k in (("3", 3), ("inf", None)):
-                out = translate_segment(
-                    model, frames, WaitK(k, model.cfg.tokens_per_unit), de.bos_id, de.eos_id
-                )
+                policy = WaitK(k, model.cfg.tokens_per_unit)
+                translator = SpeechWaitKTranslator(model, policy, de.bos_id, de.eos_id)
+                out = translate_segment(translator, speech_units(model, frames))
                 trans[name].append(de.decode(out))
     model.train()
     de_refs = [item["translation"] or "" for item in val.items]

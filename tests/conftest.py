@@ -118,6 +118,7 @@ def tiny_bundle_dir(tmp_path_factory):
     cfg = ModelConfig(
         d_model=32, n_heads=2, d_ff=64, encoder_layers=2, conv_kernel=5, left_context_frames=16,
         decoder_layers=2, en_vocab=len(en), de_vocab=len(de), max_target_tokens=64, dropout=0.0,
+        transcript_encoder_layers=1,
     )  # fmt: skip
     torch.manual_seed(0)
     model = SpeechTranslator(cfg).eval()

@@ -50,6 +50,8 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
             str(tiny_bundle_dir),
             "--wait-k",
             "1,3,inf",
+            "--translate-from",
+            "transcript",
             "--out",
             str(out),
         ]
@@ -57,6 +59,7 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["chunk_ms"] == 320 and summary["model"] == tiny_bundle_dir.name
+    assert summary["translate_from"] == "transcript"
     assert [r["wait_k"] for r in summary["runs"]] == [1, 3, "inf"]
     for run in summary["runs"]:
         assert set(run) == RUN_KEYS

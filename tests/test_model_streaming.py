@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from streamasr.model import wait_k_visible_frames
+from streamasr.model import wait_k_visible_frames, wait_k_visible_positions
 
 
 @pytest.mark.parametrize("chunk_frames", [2, 4])
@@ -76,14 +76,15 @@ def test_wait_k_visible_frames():
 
 @pytest.mark.parametrize("wait_k", [1, 2, None])
 def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_model, wait_k):
-    from streamasr.decoding import translate_segment
+    from streamasr.decoding import SpeechWaitKTranslator, speech_units, translate_segment
     from streamasr.policy import WaitK
 
     torch.manual_seed(4)
     cfg, bos, eos = tiny_model.cfg, 1, 2
     memory = torch.randn(1, 23, cfg.d_model)  # 5 units of 4 frames and a partial one
     with torch.no_grad():
-        fast = translate_segment(tiny_model, memory, WaitK(wait_k), bos, eos)
+        translator = SpeechWaitKTranslator(tiny_model, WaitK(wait_k), bos, eos)
+        fast = translate_segment(translator, speech_units(tiny_model, memory))
         tokens, unit = [bos], cfg.unit_frames
         full_units = memory.shape[1] // unit
         for i in range(len(fast) + 1):
@@ -99,3 +100,64 @@ def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_model, wait_k):
             tokens.append(token)
     assert fast == tokens[1 : len(fast) + 1]
     assert fast or wait_k is None  # finite k writes before the end, when eos is not allowed
+
+
+@pytest.mark.parametrize("wait_k", [1, 2, None])
+def test_cascade_wait_k_equals_full_recomputation(tiny_config, tiny_bundle_dir, wait_k):
+    """Words read one at a time through the causal transcript encoder, decoded with caches,
+    equal encoding the whole transcript and decoding each token from scratch."""
+    from dataclasses import replace
+
+    from streamasr.decoding import TranscriptWaitKTranslator, translate_segment
+    from streamasr.model import SpeechTranslator, wait_k_visible_positions
+    from streamasr.policy import WaitK
+    from streamasr.text import Tokenizer
+
+    en = Tokenizer(tiny_bundle_dir / "en.model")
+    cfg = replace(tiny_config, en_vocab=len(en), transcript_encoder_layers=2)
+    torch.manual_seed(5)
+    model = SpeechTranslator(cfg).eval()
+    words = "a man in an orange hat looks at something".split()
+    bos, eos = 1, 2
+    with torch.no_grad():
+        fast = translate_segment(
+            TranscriptWaitKTranslator(model, en, WaitK(wait_k), bos, eos), [[w] for w in words]
+        )
+        source, ends = [], []
+        for word in words:
+            source += en.encode(word)
+            ends.append(len(source))
+        memory = model.transcript_encoder(torch.tensor([source]))
+        tokens = [bos]
+        for i in range(len(fast) + 1):
+            visible = wait_k_visible_positions(i + 1, [ends], wait_k, 1)
+            logits = model.transcript_decoder(torch.tensor([tokens]), memory, visible)[0, -1]
+            logits[[0, bos]] = float("-inf")
+            if wait_k is not None and wait_k + i <= len(words):
+                logits[eos] = float("-inf")  # written before the source had ended
+            token = int(logits.argmax())
+            if token == eos:
+                break
+            tokens.append(token)
+    assert fast == tokens[1 : len(fast) + 1]
+    assert fast
+
+
+def test_transcript_encoder_is_causal(tiny_config):
+    from dataclasses import replace
+
+    from streamasr.model import TranscriptEncoder
+
+    torch.manual_seed(6)
+    enc = TranscriptEncoder(replace(tiny_config, transcript_encoder_layers=2)).eval()
+    tokens = torch.randint(3, tiny_config.en_vocab, (2, 15))
+    with torch.no_grad():
+        full = enc(tokens)
+        prefix = enc(tokens[:, :9])
+    assert (full[:, :9] - prefix).abs().max().item() <= 1e-5
+
+
+def test_wait_k_visible_positions():
+    assert wait_k_visible_positions(4, [[2, 3, 7]], 1, 1).tolist() == [[2, 3, 7, 7]]
+    assert wait_k_visible_positions(3, [[2, 3, 7], [4]], 2, 2).tolist() == [[3, 3, 7], [4, 4, 4]]
+    assert wait_k_visible_positions(2, [[2, 3, 7]], None, 1).tolist() == [[7, 7]]

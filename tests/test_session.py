@@ -22,14 +22,32 @@ def texts(events):
     return [(e.segment, e.type, e.text, e.final) for e in events]
 
 
+@pytest.mark.parametrize("translate_from", ["speech", "transcript"])
 @pytest.mark.parametrize("wait_k", [1, 3, None])
-def test_output_does_not_depend_on_piece_size(tiny_bundle, tone, wait_k):
+def test_output_does_not_depend_on_piece_size(tiny_bundle, tone, wait_k, translate_from):
     audio = np.concatenate([tone, np.zeros(16000, np.float32), tone])
     results = [
-        texts(run(tiny_bundle, audio, n, wait_k=wait_k)[1]) for n in (160, 16000, len(audio))
+        texts(run(tiny_bundle, audio, n, wait_k=wait_k, translate_from=translate_from)[1])
+        for n in (160, 16000, len(audio))
     ]
     assert results[0] == results[1] == results[2]
     assert any(t == "transcript" and text for _, t, text, _ in results[0])
+    assert any(t == "translation" and text for _, t, text, _ in results[0])
+
+
+def test_cascade_translation_waits_for_k_words(tiny_bundle, tone):
+    """From the transcript, wait-k writes nothing before k words of the segment are out."""
+    session, events = run(tiny_bundle, tone, 1600, wait_k=2, translate_from="transcript")
+    first_translation = next(e for e in events if e.type == "translation" and e.text)
+    words_before = [
+        w for e in events[: events.index(first_translation)] if e.type == "transcript"
+        for w in e.text.split()
+    ]  # fmt: skip
+    assert len(words_before) >= 2 or first_translation.final
+    assert (
+        first_translation.delay_ms
+        >= session.transcript_words[min(1, len(words_before) - 1)].delay_ms
+    )
 
 
 def test_events_are_ordered_and_segments_closed(tiny_bundle, tone):

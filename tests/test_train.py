@@ -14,6 +14,7 @@ from conftest import SENTENCES_DE, SENTENCES_EN
 from streamasr.bundle import load_bundle
 from streamasr.config import ModelConfig
 from streamasr.train import TrainConfig, collate, export, loss_on_batch, prepare, train
+from streamasr.train_cascade import train_cascade
 
 TINY = ModelConfig(
     d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, en_vocab=40, de_vocab=60,
@@ -143,3 +144,23 @@ def test_feature_cache_follows_its_manifest(tmp_path, tone):
     rebuilt, *_ = prepare(corpus, tmp_path / "a", TINY, 2)
     assert rebuilt.items[0]["text"] == "something else entirely"
     assert torch.equal(rebuilt.feats, fresh.feats)
+
+
+def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    folder = export(tmp_path / "a", tmp_path / "model")
+    ctcfg = replace(tcfg, steps=4, batch_tokens=60, val_every=2)
+    whole = train_cascade(corpus, tmp_path / "b", folder, ctcfg, layers=1)
+    train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers=1, stop_at=2)  # "killed"
+    resumed = train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers=1)
+    assert_same_weights(whole, resumed)
+    speech = load_bundle(folder).model
+    for name in ("encoder", "ctc_head", "decoder"):
+        assert_same_weights(getattr(speech, name), getattr(whole, name))
+    # the cascade decoder started from the speech decoder and has moved away from it
+    assert not torch.equal(speech.decoder.out.weight, whole.transcript_decoder.out.weight)
+    shipped = load_bundle(export(tmp_path / "b", tmp_path / "cascade_model"))
+    assert shipped.config.translate_from == "transcript"
+    assert_same_weights(shipped.model, whole)
