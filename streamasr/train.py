@@ -14,7 +14,7 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -325,17 +325,69 @@ def train(
     model = SpeechTranslator(cfg)
     if init is not None and not (work / "checkpoint.pt").exists():
         model.load_state_dict(load_bundle(init).model.state_dict())
-    opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    ckpt_path = work / "checkpoint.pt"
-    step, epoch, position = 0, 0, 0
-    gen = torch.Generator().manual_seed(tcfg.seed)
-    rng = random.Random(tcfg.seed)
-    if ckpt_path.exists():
+    if (work / "checkpoint.pt").exists():
         saved = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
         if saved != cfg:
             raise TrainError(
                 f"{work} holds a checkpoint of another model shape ({saved}); pass the same options"
             )
+    log.info(
+        "model: %.2f M parameters; %d train utterances",
+        model.num_parameters / 1e6,
+        len(train_cache.items),
+    )
+    aug = AugmentConfig()
+    lengths = train_cache.lengths()
+    audio_s, t0 = 0.0, time.perf_counter()
+
+    def loss_of(indices: list[int], step: int, rng: random.Random, gen: torch.Generator):
+        nonlocal audio_s
+        chunk = (
+            -1 if rng.random() < tcfg.full_context_prob else rng.choice(cfg.chunk_frames_choices)
+        )
+        k = rng.choice(cfg.wait_k_choices)
+        augment = aug if step >= tcfg.augment_from else None
+        batch = collate(train_cache, indices, stats, augment, gen, de.bos_id, de.eos_id)
+        ctc, mt = loss_on_batch(model, batch, chunk, k or None, tcfg)
+        audio_s += int(batch[1].sum()) / 100
+        speed = round(audio_s / (time.perf_counter() - t0), 1)
+        record = {"ctc": round(ctc.item(), 4), "mt": round(mt.item(), 4), "audio_s_per_s": speed}
+        return tcfg.ctc_weight * ctc + tcfg.mt_weight * mt, record
+
+    run_steps(
+        work, model, list(model.parameters()), cfg, tcfg, stop_at,
+        batches=lambda epoch: make_batches(lengths, tcfg.batch_frames, tcfg.seed + epoch),
+        loss_of=loss_of,
+        validate=lambda: validate(model, val_cache, stats, de, en, cfg.chunk_frames(320)),
+        train_mode=lambda: _train_mode(model, tcfg),
+        desc="train",
+    )  # fmt: skip
+    return model
+
+
+def run_steps(
+    work: Path,
+    model: SpeechTranslator,
+    params: list[torch.nn.Parameter],
+    cfg: ModelConfig,
+    tcfg: TrainConfig,
+    stop_at: int | None,
+    batches: Callable[[int], list[list[int]]],
+    loss_of: Callable[[list[int], int, random.Random, torch.Generator], tuple[torch.Tensor, dict]],
+    validate: Callable[[], dict],
+    train_mode: Callable[[], None],
+    desc: str,
+) -> None:
+    """The resumable loop both trainers share: AdamW on `params` with the warm-up/cosine schedule,
+    a JSON-lines log, validation every val_every steps and atomic checkpoints. `batches(epoch)`
+    gives an epoch's index lists; `loss_of(indices, step, rng, gen)` the loss and the log fields.
+    A checkpoint in `work` is resumed exactly (optimizer, position, random states)."""
+    opt = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+    ckpt_path = work / "checkpoint.pt"
+    step, epoch, position = 0, 0, 0
+    gen = torch.Generator().manual_seed(tcfg.seed)
+    rng = random.Random(tcfg.seed)
+    if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)  # our own file, written below
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
@@ -348,76 +400,42 @@ def train(
     (work / "config.json").write_text(
         json.dumps({"model": cfg.to_json(), "train": asdict(tcfg)}, indent=2)
     )
-    log.info(
-        "model: %.2f M parameters; %d train utterances",
-        model.num_parameters / 1e6,
-        len(train_cache.items),
-    )
-    aug = AugmentConfig()
-    _train_mode(model, tcfg)
+    train_mode()
     log_file = open(work / "train_log.jsonl", "a")
-    bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
-    lengths = train_cache.lengths()
-    audio_s, t0 = 0.0, time.perf_counter()
+    bar = tqdm(total=tcfg.steps, initial=step, desc=desc, unit="step", dynamic_ncols=True)
     last = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
     while step < last:
-        batches = make_batches(lengths, tcfg.batch_frames, tcfg.seed + epoch)
-        while position < len(batches) and step < last:
-            indices = batches[position]
-            chunk = (
-                -1
-                if rng.random() < tcfg.full_context_prob
-                else rng.choice(cfg.chunk_frames_choices)
-            )
-            k = rng.choice(cfg.wait_k_choices)
-            batch = collate(
-                train_cache,
-                indices,
-                stats,
-                aug if step >= tcfg.augment_from else None,
-                gen,
-                de.bos_id,
-                de.eos_id,
-            )
+        epoch_batches = batches(epoch)
+        while position < len(epoch_batches) and step < last:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, tcfg)
-            ctc, mt = loss_on_batch(model, batch, chunk, k or None, tcfg)
-            loss = tcfg.ctc_weight * ctc + tcfg.mt_weight * mt
+            loss, fields = loss_of(epoch_batches[position], step, rng, gen)
             opt.zero_grad()
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip)
             opt.step()
             step, position = step + 1, position + 1
-            audio_s += int(batch[1].sum()) / 100
-            speed = audio_s / (time.perf_counter() - t0)
             bar.update(1)
-            bar.set_postfix(
-                ctc=f"{ctc.item():.3f}", mt=f"{mt.item():.3f}", audio_s_per_s=f"{speed:.0f}"
-            )
+            bar.set_postfix({k: v for k, v in fields.items()})
             record = {
                 "step": step,
-                "ctc": round(ctc.item(), 4),
-                "mt": round(mt.item(), 4),
+                **fields,
                 "lr": lr_at(step, tcfg),
                 "grad_norm": round(float(grad_norm), 3),
-                "audio_s_per_s": round(speed, 1),
                 "time": time.time(),
             }
             if step % tcfg.val_every == 0 or step == tcfg.steps:
-                record["val"] = validate(
-                    model, val_cache, stats, de, en, chunk_frames=cfg.chunk_frames(320)
-                )
+                record["val"] = validate()
                 log.info("step %d val %s", step, record["val"])
-                _train_mode(model, tcfg)
+                train_mode()
             log_file.write(json.dumps(record, ensure_ascii=False) + "\n")
             log_file.flush()
             if step % tcfg.ckpt_every == 0 or step == last:
                 _save_checkpoint(ckpt_path, model, opt, step, epoch, position, gen, rng)
-        if position >= len(batches):
+        if position >= len(epoch_batches):
             epoch, position = epoch + 1, 0
     bar.close()
     log_file.close()
-    return model
 
 
 def _train_mode(model: SpeechTranslator, tcfg: TrainConfig) -> None:

@@ -13,14 +13,11 @@ import dataclasses
 import json
 import logging
 import random
-import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from .bundle import load_bundle
 from .config import ModelConfig
@@ -29,7 +26,7 @@ from .manifest import read_manifest
 from .model import SpeechTranslator, wait_k_visible_positions
 from .policy import WaitK
 from .text import Tokenizer, normalize_transcript
-from .train import TrainConfig, _save_checkpoint, _truncate_log, _warm_start_files, lr_at
+from .train import TrainConfig, _warm_start_files, run_steps
 
 log = logging.getLogger(__name__)
 
@@ -148,76 +145,36 @@ def train_cascade(
         items.append({"src": src, "ends": ends, "tgt": de.encode(translation)})
     val_pairs = text_pairs([corpus / "val.jsonl"], tcfg.val_utterances)
     model = SpeechTranslator(cfg)
-    params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
-    opt = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    step, epoch, position = 0, 0, 0
-    gen = torch.Generator().manual_seed(tcfg.seed)  # saved with the checkpoint, as train does
-    rng = random.Random(tcfg.seed)
     if fresh:
         initial = load_bundle(init).model.state_dict()
-        if (
-            not base.transcript_encoder_layers
-        ):  # a new cascade: its decoder starts as the speech one's
+        if not base.transcript_encoder_layers:  # new: its decoder starts as the speech one's
             initial.update(
                 {f"transcript_{k}": v for k, v in initial.items() if k.startswith("decoder.")}
             )
         model.load_state_dict(initial, strict=False)
-    else:
-        ckpt = torch.load(ckpt_path, weights_only=False)  # our own file
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        step, epoch, position = ckpt["step"], ckpt["epoch"], ckpt["position"]
-        rng.setstate(ckpt["py_rng"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        _truncate_log(work / "train_log.jsonl", step)
-        log.info("resumed at step %d (epoch %d, batch %d)", step, epoch, position)
-    (work / "config.json").write_text(
-        json.dumps({"model": cfg.to_json(), "train": asdict(tcfg)}, indent=2)
-    )
+    params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
     log.info(
         "cascade: %.2f M trained parameters; %d sentence pairs",
         sum(p.numel() for p in params) / 1e6,
         len(items),
     )
-    model.train()
-    model.encoder.eval()  # not trained here
-    log_file = open(work / "train_log.jsonl", "a")
-    bar = tqdm(total=tcfg.steps, initial=step, desc="train cascade", unit="step")
-    last = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
-    t0 = time.perf_counter()
-    while step < last:
-        batches = make_text_batches(items, tcfg.batch_tokens, tcfg.seed + epoch)
-        while position < len(batches) and step < last:
-            k = rng.choice(cfg.wait_k_choices) or None
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, tcfg)
-            loss = cascade_loss(
-                model, [items[i] for i in batches[position]], k, de.bos_id, de.eos_id, tcfg
-            )
-            opt.zero_grad()
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip)
-            opt.step()
-            step, position = step + 1, position + 1
-            bar.update(1)
-            bar.set_postfix(mt=f"{loss.item():.3f}")
-            record = {
-                "step": step,
-                "mt": round(loss.item(), 4),
-                "lr": lr_at(step, tcfg),
-                "grad_norm": round(float(grad_norm), 3),
-                "seconds": round(time.perf_counter() - t0, 1),
-            }
-            if step % tcfg.val_every == 0 or step == tcfg.steps:
-                record["val"] = validate_cascade(model, val_pairs, en, de)
-                log.info("step %d val %s", step, record["val"])
-                model.encoder.eval()
-            log_file.write(json.dumps(record, ensure_ascii=False) + "\n")
-            log_file.flush()
-            if step % tcfg.ckpt_every == 0 or step == last:
-                _save_checkpoint(ckpt_path, model, opt, step, epoch, position, gen, rng)
-        if position >= len(batches):
-            epoch, position = epoch + 1, 0
-    bar.close()
-    log_file.close()
+
+    def loss_of(indices: list[int], step: int, rng: random.Random, gen: torch.Generator):
+        k = rng.choice(cfg.wait_k_choices) or None
+        batch = [items[i] for i in indices]
+        loss = cascade_loss(model, batch, k, de.bos_id, de.eos_id, tcfg)
+        return loss, {"mt": round(loss.item(), 4)}
+
+    def train_mode() -> None:
+        model.train()
+        model.encoder.eval()  # the speech model is not trained here
+
+    run_steps(
+        work, model, params, cfg, tcfg, stop_at,
+        batches=lambda epoch: make_text_batches(items, tcfg.batch_tokens, tcfg.seed + epoch),
+        loss_of=loss_of,
+        validate=lambda: validate_cascade(model, val_pairs, en, de),
+        train_mode=train_mode,
+        desc="train cascade",
+    )  # fmt: skip
     return model
