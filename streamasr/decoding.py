@@ -282,12 +282,11 @@ class TranscriptWaitKTranslator(WaitKTranslator):
 
     def read(self, words: list[str], state: TranslatorState) -> TranslatorState:
         """Append committed transcript words (normalized, lowercase) of the current segment."""
-        source, ends = list(state.source), []
-        for word in words:
-            source += self.en.encode(word)
-            ends.append(len(source))
-        if len(source) == state.memory_read:
+        pieces, ends = self.en.encode_words(words)
+        if not pieces:
             return state
+        source = list(state.source) + pieces
+        ends = [state.memory_read + end for end in ends]
         memory = self.encoder(torch.tensor([source]))[:, state.memory_read :]
         return replace(self._extend(memory, ends, state), source=tuple(source))
 

@@ -49,6 +49,15 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode(list(ids))
 
+    def encode_words(self, words: Iterable[str]) -> tuple[list[int], list[int]]:
+        """Words -> piece ids and the position just after each word's pieces (its unit end)."""
+        ids: list[int] = []
+        ends: list[int] = []
+        for word in words:
+            ids += self.encode(word)
+            ends.append(len(ids))
+        return ids, ends
+
     def starts_word(self, token_id: int) -> bool:
         """True when the token opens a new word (sentencepiece's '▁' prefix)."""
         return self.sp.id_to_piece(token_id).startswith("\u2581")

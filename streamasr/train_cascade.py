@@ -44,16 +44,6 @@ def text_pairs(manifests: Sequence[Path], limit: int | None = None) -> list[tupl
     return pairs[:limit] if limit is not None else pairs
 
 
-def encode_source(en: Tokenizer, words: Sequence[str]) -> tuple[list[int], list[int]]:
-    """Transcript words -> subword ids and the position just after each word (its unit end)."""
-    ids: list[int] = []
-    ends: list[int] = []
-    for word in words:
-        ids += en.encode(word)
-        ends.append(len(ids))
-    return ids, ends
-
-
 def make_text_batches(items: list[dict], batch_tokens: int, seed: int) -> list[list[int]]:
     """Source-length-sorted buckets under a padded token budget, in a seeded random order."""
     size = [len(it["src"]) + len(it["tgt"]) for it in items]
@@ -141,7 +131,7 @@ def train_cascade(
     manifests = [corpus / "train.jsonl"] + [e / "train.jsonl" for e in extra]
     items = []
     for text, translation in text_pairs(manifests):
-        src, ends = encode_source(en, text.split())
+        src, ends = en.encode_words(text.split())
         items.append({"src": src, "ends": ends, "tgt": de.encode(translation)})
     val_pairs = text_pairs([corpus / "val.jsonl"], tcfg.val_utterances)
     model = SpeechTranslator(cfg)

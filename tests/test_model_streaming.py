@@ -123,10 +123,7 @@ def test_cascade_wait_k_equals_full_recomputation(tiny_config, tiny_bundle_dir, 
         fast = translate_segment(
             TranscriptWaitKTranslator(model, en, WaitK(wait_k), bos, eos), [[w] for w in words]
         )
-        source, ends = [], []
-        for word in words:
-            source += en.encode(word)
-            ends.append(len(source))
+        source, ends = en.encode_words(words)
         memory = model.transcript_encoder(torch.tensor([source]))
         tokens = [bos]
         for i in range(len(fast) + 1):
