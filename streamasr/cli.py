@@ -220,6 +220,7 @@ def _wait_k(text: str) -> int | None:
 
 
 def _add_decoder_options(p: argparse.ArgumentParser) -> None:
+    from .config import TRANSLATION_SOURCES
     from .decoding import DEFAULT_BEAM as default
 
     p.add_argument(
@@ -250,7 +251,7 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--translate-from",
-        choices=("speech", "transcript"),
+        choices=TRANSLATION_SOURCES,
         help="translation source: speech (encoder frames, a wait-k unit per unit_ms) or "
         "transcript (the committed words, a unit per word; models with a transcript "
         "translator). Default: the model's",

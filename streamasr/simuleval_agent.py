@@ -17,6 +17,7 @@ from simuleval.utils import entrypoint
 
 from streamasr.audio import SAMPLE_RATE, to_mono_16k
 from streamasr.bundle import load_bundle
+from streamasr.config import TRANSLATION_SOURCES
 from streamasr.policy import parse_wait_k
 from streamasr.session import Session, SessionOptions
 
@@ -42,7 +43,7 @@ class StreamasrAgent(SpeechToTextAgent):
         parser.add_argument("--chunk-ms", type=int, default=320, help="encoder chunk")
         parser.add_argument(
             "--translate-from",
-            choices=("speech", "transcript"),
+            choices=TRANSLATION_SOURCES,
             default=None,
             help="translation source (default: the model's)",
         )
