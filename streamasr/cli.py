@@ -74,6 +74,7 @@ TRAIN_OPTIONS = (
     "mt_detach",
     "freeze_encoder",
     "batch_tokens",
+    "source_noise",
 )
 MODEL_OPTIONS = (
     "d_model",
@@ -200,14 +201,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _int_at_least(minimum: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "positive")
+_non_negative_int = _int_at_least(0, "non-negative")
 
 
 def _wait_k(text: str) -> int | None:
@@ -222,6 +230,7 @@ def _wait_k(text: str) -> int | None:
 def _add_decoder_options(p: argparse.ArgumentParser) -> None:
     from .config import TRANSLATION_SOURCES
     from .decoding import DEFAULT_BEAM as default
+    from .decoding import DEFAULT_TRANSLATION as translation
 
     p.add_argument(
         "--decoder",
@@ -255,6 +264,22 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
         help="translation source: speech (encoder frames, a wait-k unit per unit_ms) or "
         "transcript (the committed words, a unit per word; models with a transcript "
         "translator). Default: the model's",
+    )
+    p.add_argument(
+        "--translation-beam",
+        type=_positive_int,
+        default=translation.beam,
+        metavar="N",
+        help="once a segment's source has ended, search the rest of its translation with a beam"
+        f" of N (at k = inf the whole sentence); 1: greedy (default {translation.beam})",
+    )
+    p.add_argument(
+        "--no-repeat-ngram",
+        type=_non_negative_int,
+        default=translation.no_repeat_ngram,
+        metavar="N",
+        help="the translation never repeats an N-gram of pieces, which stops decoding loops; "
+        f"0: off (default {translation.no_repeat_ngram})",
     )
 
 
@@ -336,9 +361,11 @@ def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
     live.set_defaults(func=cmd_live)
 
 
-def _load_model(args: argparse.Namespace):
-    """The model and session options the flags ask for; a chunk size it cannot serve is a usage error."""
+def _load_model(args: argparse.Namespace, **options):
+    """The model and session options the flags (and `options`) ask for; a chunk size the model
+    cannot serve is a usage error."""
     from .bundle import load_bundle
+    from .decoding import TranslationSearch
     from .session import SessionOptions
 
     bundle = load_bundle(args.model)
@@ -348,10 +375,10 @@ def _load_model(args: argparse.Namespace):
         raise UsageError(f"--chunk-ms: {err}") from None
     return bundle, SessionOptions(
         chunk_ms=args.chunk_ms,
-        translate=args.translate,
-        wait_k=args.wait_k,
         translate_from=_translate_from(args, bundle),
         beam=_beam_options(args),
+        translation=TranslationSearch(args.translation_beam, args.no_repeat_ngram),
+        **options,
     )
 
 
@@ -369,7 +396,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--format {args.format} of several files writes one file each: -o must be a folder"
         )
-    bundle, options = _load_model(args)
+    bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
     failures = 0
     single = (
         open(args.output, "w", encoding="utf-8")
@@ -430,7 +457,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         if args.list_devices:
             print("\n".join(list_input_devices()) or "no input devices")
             return 0
-        bundle, options = _load_model(args)
+        bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
         source = MicSource(args.device)
         session = Session(bundle, options, stream=source.name, clock="wall")
         stop = lambda *_: source.stop()  # noqa: E731 - Ctrl-C and SIGTERM end the stream cleanly
@@ -483,7 +510,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .bundle import DEFAULT_MODEL_DIR, load_bundle
+    from .bundle import DEFAULT_MODEL_DIR
     from .evaluate import COLUMNS, evaluate, table_rows, write_outputs
     from .manifest import read_manifest
 
@@ -493,17 +520,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     missing = [u.audio for u in utterances if not u.audio.is_file()]
     if missing:
         raise UsageError(f"{args.manifest}: {len(missing)} audio files missing, first {missing[0]}")
-    bundle = load_bundle(args.model)
-    try:
-        bundle.config.chunk_frames(args.chunk_ms)
-    except ValueError as err:
-        raise UsageError(f"--chunk-ms: {err}") from None
-    beam = _beam_options(args)
-    source = _translate_from(args, bundle)
-    runs, instances = evaluate(bundle, utterances, args.wait_k, args.chunk_ms, beam, source)
+    bundle, options = _load_model(args)
+    runs, instances = evaluate(bundle, utterances, args.wait_k, options)
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
-    decoder = str(beam) if bundle.beam_search(beam) is not None else "greedy"
-    write_outputs(args.out, model_name, args.chunk_ms, runs, instances, decoder, source)
+    decoder = str(options.beam) if bundle.beam_search(options.beam) is not None else "greedy"
+    write_outputs(args.out, model_name, options, runs, instances, decoder)
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"
     )
@@ -619,7 +640,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"--minutes: expected numbers such as 2,30, got {args.minutes!r}"
         ) from None
     utterances = read_manifest(args.manifest, limit=200)
-    bundle, options = _load_model(args)
+    bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
     print(
         "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB  segments"
     )

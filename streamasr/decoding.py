@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -177,6 +178,24 @@ class CtcBeamSearch:
 
 
 @dataclass(frozen=True)
+class TranslationSearch:
+    """How the wait-k translator chooses tokens: greedily while the source is arriving (a written
+    token is final); once the source has ended, the rest of the sentence by beam search when
+    beam > 1 (at k = inf, the whole sentence), hypotheses ranked by mean log-probability per
+    token. Never an n-gram of pieces twice (0: no guard)."""
+
+    beam: int = 4
+    no_repeat_ngram: int = 4
+
+    def __str__(self) -> str:
+        guard = f"no repeated {self.no_repeat_ngram}-grams" if self.no_repeat_ngram else "no guard"
+        return f"{'greedy' if self.beam == 1 else f'tail beam {self.beam}'}, {guard}"
+
+
+DEFAULT_TRANSLATION = TranslationSearch()
+
+
+@dataclass(frozen=True)
 class TranslatorState:
     decoder: DecoderState
     memory_read: int = 0  # source positions of this segment in the cross caches
@@ -187,17 +206,38 @@ class TranslatorState:
     done: bool = False  # eos written or length cap reached
 
 
+def repeating_tokens(tokens: Sequence[int], n: int) -> list[int]:
+    """The tokens that would complete an n-gram already in `tokens` (none for n < 1): banning
+    them stops greedy decoding from looping ("Hosen Hosen Hosen ...")."""
+    if n < 1 or len(tokens) < n - 1:
+        return []
+    tokens = tuple(tokens)
+    context = tokens[len(tokens) - (n - 1) :]
+    return [
+        tokens[i + n - 1] for i in range(len(tokens) - n + 1) if tokens[i : i + n - 1] == context
+    ]
+
+
 class WaitKTranslator:
     """Writes target tokens over a growing source memory when the policy says Write.
 
     Subclasses say what a source unit is: `unit_ms` of encoder frames (SpeechWaitKTranslator)
     or one transcript word (TranscriptWaitKTranslator). Token i sees the memory of its first
-    k + i // tokens_per_unit units, exactly as in prefix-to-prefix training.
+    k + i // tokens_per_unit units, exactly as in prefix-to-prefix training. Tokens are chosen
+    as `search` says.
     """
 
-    def __init__(self, decoder: TranslationDecoder, policy: WaitK, bos_id: int, eos_id: int):
+    def __init__(
+        self,
+        decoder: TranslationDecoder,
+        policy: WaitK,
+        bos_id: int,
+        eos_id: int,
+        search: TranslationSearch = DEFAULT_TRANSLATION,
+    ):
         self.decoder, self.policy = decoder, policy
         self.bos_id, self.eos_id = bos_id, eos_id
+        self.search = search
 
     def init_state(self) -> TranslatorState:
         return TranslatorState(decoder=self.decoder.init_state(), next_input=self.bos_id)
@@ -228,6 +268,9 @@ class WaitKTranslator:
     ) -> tuple[list[int], TranslatorState]:
         """Write every token the policy allows now; returns the new tokens (eos excluded)."""
         new: list[int] = []
+        if source_finished and self.search.beam > 1 and not state.done and state.memory_read:
+            new, _, state = self.finish_by_beam(state)
+            return new, state
         while not state.done and state.memory_read > 0:
             view = PolicyView(len(state.unit_ends), len(state.tokens), source_finished)
             if self.policy(view) is Action.READ:
@@ -237,6 +280,7 @@ class WaitKTranslator:
                 torch.tensor([state.next_input]), state.decoder, visible
             )
             logits[0, [PAD, self.bos_id]] = float("-inf")  # never written
+            logits[0, repeating_tokens(state.tokens, self.search.no_repeat_ngram)] = float("-inf")
             if not source_finished:
                 logits[0, self.eos_id] = float("-inf")  # the sentence cannot end before its source
             token = int(logits[0].argmax())
@@ -247,12 +291,76 @@ class WaitKTranslator:
                 new.append(token)
         return new, state
 
+    def finish_by_beam(self, state: TranslatorState) -> tuple[list[int], float, TranslatorState]:
+        """The rest of the sentence once the source has ended, by beam search over continuations
+        of the tokens written so far: (new tokens, their mean log-probability with eos, the
+        finished state). As in fairseq, a hypothesis ends (eos, or the length cap) only from the
+        best `beam` candidates of a step, and the search stops once `beam` have ended; with
+        beam 1 it is the greedy search. The finished state keeps the decoder state it was given:
+        a finished segment is not decoded further."""
+        beam, prefix, cap = self.search.beam, state.tokens, self._max_tokens(state)
+        alive: list[tuple[tuple[int, ...], float]] = [((), 0.0)]  # new tokens, summed log-prob
+        ended: list[tuple[float, tuple[int, ...]]] = []  # mean log-prob, new tokens
+        decoder, inputs = state.decoder, torch.tensor([state.next_input])
+        while alive and len(ended) < beam:
+            written = len(prefix) + len(alive[0][0])
+            visible = self._visible(state, self.policy.units_needed(written))
+            logits, decoder = self.decoder.step(inputs, decoder, visible)
+            log_probs = logits.log_softmax(-1)
+            log_probs[:, [PAD, self.bos_id]] = float("-inf")
+            for row, (tokens, _) in enumerate(alive):
+                banned = repeating_tokens(prefix + tokens, self.search.no_repeat_ngram)
+                log_probs[row, banned] = float("-inf")
+            totals = torch.tensor([score for _, score in alive])[:, None] + log_probs
+            top = totals.flatten().topk(min(2 * beam, totals.numel()))
+            next_alive, rows = [], []
+            for rank, (total, index) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+                if total == float("-inf"):
+                    break
+                row, token = divmod(index, totals.shape[1])
+                tokens = alive[row][0] + (token,)
+                if token == self.eos_id or written + 1 >= cap:
+                    if rank < beam:
+                        kept = tokens[:-1] if token == self.eos_id else tokens
+                        ended.append((total / len(tokens), kept))
+                elif len(next_alive) < beam:
+                    next_alive.append((tokens, total))
+                    rows.append(row)
+            alive = next_alive
+            if alive:
+                decoder = _select_rows(decoder, torch.tensor(rows))
+                inputs = torch.tensor([tokens[-1] for tokens, _ in alive])
+        score, tokens = max(ended, key=lambda e: e[0])
+        return list(tokens), score, replace(state, tokens=prefix + tokens, done=True)
+
+
+def _select_rows(state: DecoderState, rows: Tensor) -> DecoderState:
+    """The decoder state of the hypotheses `rows` (the cross caches are the same for all)."""
+    layers = tuple(
+        replace(
+            layer,
+            self_keys=layer.self_keys.index_select(0, rows),
+            self_values=layer.self_values.index_select(0, rows),
+            cross_keys=layer.cross_keys[:1].expand(len(rows), -1, -1, -1),
+            cross_values=layer.cross_values[:1].expand(len(rows), -1, -1, -1),
+        )
+        for layer in state.layers
+    )
+    return replace(state, layers=layers)
+
 
 class SpeechWaitKTranslator(WaitKTranslator):
     """Translation from encoder frames: every unit_ms of a segment's frames is one unit."""
 
-    def __init__(self, model: SpeechTranslator, policy: WaitK, bos_id: int, eos_id: int):
-        super().__init__(model.decoder, policy, bos_id, eos_id)
+    def __init__(
+        self,
+        model: SpeechTranslator,
+        policy: WaitK,
+        bos_id: int,
+        eos_id: int,
+        search: TranslationSearch = DEFAULT_TRANSLATION,
+    ):
+        super().__init__(model.decoder, policy, bos_id, eos_id, search)
         self.unit_frames = model.cfg.unit_frames
 
     def read(self, frames: Tensor, state: TranslatorState) -> TranslatorState:
@@ -271,13 +379,19 @@ class TranscriptWaitKTranslator(WaitKTranslator):
     """
 
     def __init__(
-        self, model: SpeechTranslator, en: Tokenizer, policy: WaitK, bos_id: int, eos_id: int
+        self,
+        model: SpeechTranslator,
+        en: Tokenizer,
+        policy: WaitK,
+        bos_id: int,
+        eos_id: int,
+        search: TranslationSearch = DEFAULT_TRANSLATION,
     ):
         if not model.has_cascade:
             raise ValueError(
                 "this model has no transcript translator (transcript_encoder_layers=0)"
             )
-        super().__init__(model.transcript_decoder, policy, bos_id, eos_id)
+        super().__init__(model.transcript_decoder, policy, bos_id, eos_id, search)
         self.encoder, self.en = model.transcript_encoder, en
 
     def read(self, words: list[str], state: TranslatorState) -> TranslatorState:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import jiwer
@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .bundle import Bundle
-from .decoding import DEFAULT_BEAM, BeamOptions, CtcBeamSearch, ctc_greedy_tokens
+from .decoding import BeamOptions, CtcBeamSearch, TranslationSearch, ctc_greedy_tokens
 from .features import LogMel
 from .manifest import Utterance
 from .metrics import corpus_latency
@@ -167,21 +167,13 @@ def run_instance(
     bundle: Bundle,
     utt: Utterance,
     audio: np.ndarray,
-    wait_k: int | None,
-    chunk_ms: int,
+    options: SessionOptions,
     offline: FullContext,
-    beam: BeamOptions | None,
-    translate_from: str | None = None,
 ) -> Instance:
+    """One utterance streamed through a fresh Session with `options` (translating only when the
+    utterance has a reference translation)."""
     source = FileSource(utt.audio, audio=audio)
-    translate = utt.translation is not None
-    options = SessionOptions(
-        chunk_ms=chunk_ms,
-        translate=translate,
-        wait_k=wait_k,
-        translate_from=translate_from,
-        beam=beam,
-    )
+    options = replace(options, translate=utt.translation is not None)
     session = Session(bundle, options, stream=utt.id, clock="virtual")
     run_stream(session, source, lambda events: None)
     hyp_words = [w.text for w in session.transcript_words]
@@ -189,7 +181,7 @@ def run_instance(
     ref_words = normalize_transcript(utt.text or "").split()
     return Instance(
         id=utt.id,
-        wait_k="inf" if wait_k is None else wait_k,
+        wait_k="inf" if options.wait_k is None else options.wait_k,
         transcript=" ".join(hyp_words),
         translation=" ".join(w.text for w in session.translation_words),
         text_ref=utt.text,
@@ -249,11 +241,10 @@ def evaluate(
     bundle: Bundle,
     utterances: list[Utterance],
     wait_ks: list[int | None],
-    chunk_ms: int,
-    beam: BeamOptions | None = DEFAULT_BEAM,
-    translate_from: str | None = None,
+    options: SessionOptions,
 ) -> tuple[list[dict], list[Instance]]:
-    """Every (utterance, k) through a fresh Session; returns the per-k runs and all instances.
+    """Every (utterance, k) through a fresh Session with `options` (its wait_k replaced by each
+    k); returns the per-k runs and all instances.
 
     Each file is decoded in full context and its reference words aligned once, then streamed
     once per k.
@@ -262,11 +253,10 @@ def evaluate(
     with tqdm(total=len(utterances) * len(wait_ks), desc="eval", unit="run") as bar:
         for utt in utterances:
             audio = load_audio(utt.audio)
-            offline = full_context_pass(bundle, audio, utt.text, beam)
+            offline = full_context_pass(bundle, audio, utt.text, options.beam)
             for k in wait_ks:
-                per_k[k].append(
-                    run_instance(bundle, utt, audio, k, chunk_ms, offline, beam, translate_from)
-                )
+                run = replace(options, wait_k=k)
+                per_k[k].append(run_instance(bundle, utt, audio, run, offline))
                 bar.update(1)
     runs = [summarize(instances, "inf" if k is None else k) for k, instances in per_k.items()]
     return runs, [ins for instances in per_k.values() for ins in instances]
@@ -285,11 +275,10 @@ def instance_json(ins: Instance) -> dict:
 def write_outputs(
     out: Path,
     model: str,
-    chunk_ms: int,
+    options: SessionOptions,
     runs: list[dict],
     instances: list[Instance],
     decoder: str = "greedy",
-    translate_from: str = "speech",
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "instances.jsonl", "w", encoding="utf-8") as f:
@@ -297,13 +286,15 @@ def write_outputs(
             f.write(json.dumps(instance_json(ins), ensure_ascii=False) + "\n")
     summary = {
         "model": model,
-        "chunk_ms": chunk_ms,
+        "chunk_ms": options.chunk_ms,
         "decoder": decoder,
-        "translate_from": translate_from,
+        "translate_from": options.translate_from,
+        "translation_search": asdict(options.translation),
         "runs": runs,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_latency_quality(runs, out / "latency_quality.png", f"{model}, {chunk_ms} ms chunks")
+    title = f"{model}, {options.chunk_ms} ms chunks"
+    plot_latency_quality(runs, out / "latency_quality.png", title)
     return summary
 
 
@@ -400,10 +391,13 @@ def results_section(eval_dirs: list[Path]) -> str:
         summary = json.loads((folder / "summary.json").read_text())
         count = sum(1 for _ in open(folder / "instances.jsonl")) // max(1, len(summary["runs"]))
         source = summary.get("translate_from", "speech")  # eval folders before the cascade
+        # eval folders from before these settings decoded greedily without the guard
+        search = TranslationSearch(**summary.get("translation_search", {"no_repeat_ngram": 0}))
         parts.append(
             f"**{summary['chunk_ms']} ms chunks, translation from the {source}**"
             f" ({summary['model']}, {count} utterances,"
-            f" {summary.get('decoder', 'greedy')} transcript search, `{folder}`):\n"
+            f" {summary.get('decoder', 'greedy')} transcript search,"
+            f" translation {search}, `{folder}`):\n"
         )
         parts.append(markdown_table(summary["runs"]) + "\n")
         plot = folder / "latency_quality.png"

@@ -23,10 +23,12 @@ from .bundle import Bundle
 from .config import TRANSLATION_SOURCES
 from .decoding import (
     DEFAULT_BEAM,
+    DEFAULT_TRANSLATION,
     BeamOptions,
     CtcState,
     SpeechWaitKTranslator,
     TranscriptWaitKTranslator,
+    TranslationSearch,
     ctc_greedy_step,
 )
 from .features import LogMel, StreamingLogMel
@@ -46,6 +48,7 @@ class SessionOptions:
     max_segment_ms: int = 20_000  # close a segment that runs this long without a pause
     beam: BeamOptions | None = DEFAULT_BEAM  # transcript beam search with the model's word LM;
     # None, or a model folder without an LM: greedy CTC
+    translation: TranslationSearch = DEFAULT_TRANSLATION  # token choice of the translator
 
 
 @dataclass(frozen=True)
@@ -200,13 +203,14 @@ class Session:
         self.translate_from = options.translate_from or cfg.translate_from
         if self.translate_from not in TRANSLATION_SOURCES:
             raise ValueError(f"translate_from must be one of {TRANSLATION_SOURCES}")
+        ends = bundle.de.bos_id, bundle.de.eos_id
         if self.translate_from == "transcript":
             self.translator = TranscriptWaitKTranslator(
-                bundle.model, bundle.en, self.policy, bundle.de.bos_id, bundle.de.eos_id
+                bundle.model, bundle.en, self.policy, *ends, options.translation
             )
         else:
             self.translator = SpeechWaitKTranslator(
-                bundle.model, self.policy, bundle.de.bos_id, bundle.de.eos_id
+                bundle.model, self.policy, *ends, options.translation
             )
         self.translator_state = self.translator.init_state()
         self.segment = _SegmentState()

@@ -46,6 +46,7 @@ class TrainConfig:
     steps: int = 5600  # optimizer steps in all (resume continues towards this)
     batch_frames: int = 6000  # feature frames per batch, padding included (60 s of audio)
     batch_tokens: int = 3000  # cascade training: source + target tokens per batch, padding included
+    source_noise: float = 0.0  # cascade training: highest simulated word error rate per sentence
     lr: float = 1.5e-3  # peak learning rate after warm-up
     warmup_steps: int = 200  # linear warm-up
     weight_decay: float = 0.01

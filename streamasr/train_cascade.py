@@ -1,7 +1,7 @@
 """Training the cascade translator: transcript words -> German, prefix-to-prefix wait-k.
 
 Text only: the corpus manifests' (transcript, translation) pairs, the transcript normalized as
-the recognizer writes it. The speech model (encoder, CTC head, speech decoder) is kept as it is;
+the recognizer writes it, optionally with simulated recognition errors (`WordNoise`). The speech model (encoder, CTC head, speech decoder) is kept as it is;
 the transcript encoder and its decoder are trained, the decoder starting from the speech
 decoder's weights (its German is learnt already). Resumable like `train.train`, and the work
 folder exports the same way.
@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import random
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,6 +43,47 @@ def text_pairs(manifests: Sequence[Path], limit: int | None = None) -> list[tupl
                 seen.setdefault((text, row.translation), None)
     pairs = list(seen)
     return pairs[:limit] if limit is not None else pairs
+
+
+class WordNoise:
+    """Simulated recognition errors, so the cascade learns to translate transcripts like the
+    recognizer's: each word is, with probability `rate`, replaced by one of the `neighbours`
+    vocabulary words spelled most like it (rapidfuzz's indel ratio; the beam search only writes
+    lexicon words, and its errors sound alike, which spelling approximates), dropped, or
+    followed by one of the `inserted` most frequent words."""
+
+    SUBSTITUTE, DROP = 0.6, 0.85  # cumulative shares of the three edits; insertion takes the rest
+
+    def __init__(self, sentences: Sequence[str], neighbours: int = 8, inserted: int = 50):
+        import numpy as np
+        from rapidfuzz import fuzz, process
+
+        counts = Counter(word for sentence in sentences for word in sentence.split())
+        vocabulary = sorted(counts)
+        similarity = process.cdist(
+            vocabulary, vocabulary, scorer=fuzz.ratio, dtype=np.uint8, workers=-1
+        )
+        np.fill_diagonal(similarity, 0)
+        neighbours = min(neighbours, len(vocabulary) - 1)
+        nearest = np.argpartition(similarity, -neighbours, axis=1)[:, -neighbours:]
+        self.similar = {
+            word: [vocabulary[j] for j in sorted(row)]
+            for word, row in zip(vocabulary, nearest.tolist())
+        }
+        self.frequent = [word for word, _ in counts.most_common(inserted)]
+
+    def __call__(self, words: list[str], rate: float, rng: random.Random) -> list[str]:
+        noisy: list[str] = []
+        for word in words:
+            if rng.random() >= rate:
+                noisy.append(word)
+                continue
+            edit = rng.random()
+            if edit < self.SUBSTITUTE:
+                noisy.append(rng.choice(self.similar.get(word) or self.frequent))
+            elif edit >= self.DROP:
+                noisy += [word, rng.choice(self.frequent)]
+        return noisy or words  # a sentence never vanishes
 
 
 def make_text_batches(items: list[dict], batch_tokens: int, seed: int) -> list[list[int]]:
@@ -83,9 +125,14 @@ def cascade_loss(
 
 
 def validate_cascade(
-    model: SpeechTranslator, pairs: list[tuple[str, str]], en: Tokenizer, de: Tokenizer
+    model: SpeechTranslator,
+    pairs: list[tuple[str, str]],
+    en: Tokenizer,
+    de: Tokenizer,
+    suffix: str = "",
 ) -> dict:
-    """BLEU of streaming-exact wait-k decoding (k=3, inf) of reference transcripts."""
+    """BLEU of streaming-exact wait-k decoding (k=3, inf) of the pairs' transcripts (keys
+    bleu_k3, bleu_kinf, example_k3, example_kinf, each followed by `suffix`)."""
     import sacrebleu
 
     model.eval()
@@ -98,8 +145,9 @@ def validate_cascade(
                 de.decode(translate_segment(translator, [[w] for w in text.split()]))
                 for text, _ in pairs
             ]
-            out[f"bleu_k{name}"] = sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score
-            out[f"example_k{name}"] = hyps[0]
+            bleu = sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score
+            out[f"bleu_k{name}{suffix}"] = bleu
+            out[f"example_k{name}{suffix}"] = hyps[0]
     model.train()
     return out
 
@@ -131,9 +179,18 @@ def train_cascade(
     manifests = [corpus / "train.jsonl"] + [e / "train.jsonl" for e in extra]
     items = []
     for text, translation in text_pairs(manifests):
-        src, ends = en.encode_words(text.split())
-        items.append({"src": src, "ends": ends, "tgt": de.encode(translation)})
+        words = text.split()
+        src, ends = en.encode_words(words)
+        items.append({"words": words, "src": src, "ends": ends, "tgt": de.encode(translation)})
     val_pairs = text_pairs([corpus / "val.jsonl"], tcfg.val_utterances)
+    noise = None
+    if tcfg.source_noise > 0:
+        noise = WordNoise([" ".join(it["words"]) for it in items])
+        val_rng = random.Random(0)  # the same noisy validation transcripts at every validation
+        noisy_val = [
+            (" ".join(noise(text.split(), tcfg.source_noise / 2, val_rng)), translation)
+            for text, translation in val_pairs
+        ]
     model = SpeechTranslator(cfg)
     if fresh:
         initial = load_bundle(init).model.state_dict()
@@ -144,16 +201,31 @@ def train_cascade(
         model.load_state_dict(initial, strict=False)
     params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
     log.info(
-        "cascade: %.2f M trained parameters; %d sentence pairs",
+        "cascade: %.2f M trained parameters; %d sentence pairs; word error rate per sentence "
+        "uniform in [0, %g]",
         sum(p.numel() for p in params) / 1e6,
         len(items),
+        tcfg.source_noise,
     )
+
+    def corrupted(item: dict, rng: random.Random) -> dict:
+        words = noise(item["words"], rng.uniform(0, tcfg.source_noise), rng)
+        src, ends = en.encode_words(words)
+        return {**item, "src": src, "ends": ends}
 
     def loss_of(indices: list[int], step: int, rng: random.Random, gen: torch.Generator):
         k = rng.choice(cfg.wait_k_choices) or None
         batch = [items[i] for i in indices]
+        if noise is not None:
+            batch = [corrupted(item, rng) for item in batch]
         loss = cascade_loss(model, batch, k, de.bos_id, de.eos_id, tcfg)
         return loss, {"mt": round(loss.item(), 4)}
+
+    def validate() -> dict:
+        scores = validate_cascade(model, val_pairs, en, de)
+        if noise is not None:  # the same pairs with errors at half the highest training rate
+            scores |= validate_cascade(model, noisy_val, en, de, suffix="_noisy")
+        return scores
 
     def train_mode() -> None:
         model.train()
@@ -163,7 +235,7 @@ def train_cascade(
         work, model, params, cfg, tcfg, stop_at,
         batches=lambda epoch: make_text_batches(items, tcfg.batch_tokens, tcfg.seed + epoch),
         loss_of=loss_of,
-        validate=lambda: validate_cascade(model, val_pairs, en, de),
+        validate=validate,
         train_mode=train_mode,
         desc="train cascade",
     )  # fmt: skip

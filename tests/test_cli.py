@@ -116,6 +116,7 @@ def test_odd_formats_are_converted(capsys, tmp_path, tone, tiny_bundle_dir):
         (["--chunk-ms", "100"], "chunk-ms"),
         (["--format", "pdf"], "invalid choice"),
         (["--translate-from", "subtitles"], "invalid choice"),
+        (["--no-repeat-ngram", "-1"], "non-negative integer"),
     ],
 )
 def test_bad_flags_are_one_line_errors(capsys, wav, tiny_bundle_dir, args, message):

@@ -52,6 +52,8 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
             "1,3,inf",
             "--translate-from",
             "transcript",
+            "--no-repeat-ngram",
+            "3",
             "--out",
             str(out),
         ]
@@ -59,7 +61,10 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["chunk_ms"] == 320 and summary["model"] == tiny_bundle_dir.name
-    assert summary["translate_from"] == "transcript"
+    assert summary["translate_from"] == "transcript" and summary["translation_search"] == {
+        "beam": 4,
+        "no_repeat_ngram": 3,
+    }
     assert [r["wait_k"] for r in summary["runs"]] == [1, 3, "inf"]
     for run in summary["runs"]:
         assert set(run) == RUN_KEYS
@@ -76,6 +81,14 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
     assert (out / "latency_quality.png").stat().st_size > 1000
     table = capsys.readouterr().out
     assert "LAAL" in table and "inf" in table
+
+    # The README section names the run's settings and holds its table.
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- results:begin -->\nold\n<!-- results:end -->\nrest\n")
+    assert main(["results", str(out), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "translation from the transcript" in text and "no repeated 3-grams" in text
+    assert "| inf |" in text and "old" not in text and text.endswith("rest\n")
 
     # The compute-aware metrics are the plain formulas applied to elapsed times.
     inf_run = [ins for ins in instances if ins["wait_k"] == "inf" and ins["elapsed_ms"]]

@@ -76,14 +76,22 @@ def test_wait_k_visible_frames():
 
 @pytest.mark.parametrize("wait_k", [1, 2, None])
 def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_model, wait_k):
-    from streamasr.decoding import SpeechWaitKTranslator, speech_units, translate_segment
+    from streamasr.decoding import (
+        DEFAULT_TRANSLATION,
+        SpeechWaitKTranslator,
+        TranslationSearch,
+        repeating_tokens,
+        speech_units,
+        translate_segment,
+    )
     from streamasr.policy import WaitK
 
     torch.manual_seed(4)
     cfg, bos, eos = tiny_model.cfg, 1, 2
     memory = torch.randn(1, 23, cfg.d_model)  # 5 units of 4 frames and a partial one
     with torch.no_grad():
-        translator = SpeechWaitKTranslator(tiny_model, WaitK(wait_k), bos, eos)
+        greedy = TranslationSearch(beam=1)
+        translator = SpeechWaitKTranslator(tiny_model, WaitK(wait_k), bos, eos, greedy)
         fast = translate_segment(translator, speech_units(tiny_model, memory))
         tokens, unit = [bos], cfg.unit_frames
         full_units = memory.shape[1] // unit
@@ -91,6 +99,9 @@ def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_model, wait_k):
             visible = wait_k_visible_frames(i + 1, torch.tensor([23]), wait_k, unit, 1)
             logits = tiny_model.decoder(torch.tensor([tokens]), memory, visible)[0, -1]
             logits[[0, bos]] = float("-inf")
+            logits[repeating_tokens(tokens[1:], DEFAULT_TRANSLATION.no_repeat_ngram)] = float(
+                "-inf"
+            )
             written_early = wait_k is not None and wait_k + i <= full_units
             if written_early:
                 logits[eos] = float("-inf")
@@ -108,7 +119,13 @@ def test_cascade_wait_k_equals_full_recomputation(tiny_config, tiny_bundle_dir, 
     equal encoding the whole transcript and decoding each token from scratch."""
     from dataclasses import replace
 
-    from streamasr.decoding import TranscriptWaitKTranslator, translate_segment
+    from streamasr.decoding import (
+        DEFAULT_TRANSLATION,
+        TranscriptWaitKTranslator,
+        TranslationSearch,
+        repeating_tokens,
+        translate_segment,
+    )
     from streamasr.model import SpeechTranslator, wait_k_visible_positions
     from streamasr.policy import WaitK
     from streamasr.text import Tokenizer
@@ -121,7 +138,8 @@ def test_cascade_wait_k_equals_full_recomputation(tiny_config, tiny_bundle_dir, 
     bos, eos = 1, 2
     with torch.no_grad():
         fast = translate_segment(
-            TranscriptWaitKTranslator(model, en, WaitK(wait_k), bos, eos), [[w] for w in words]
+            TranscriptWaitKTranslator(model, en, WaitK(wait_k), bos, eos, TranslationSearch(1)),
+            [[w] for w in words],
         )
         source, ends = en.encode_words(words)
         memory = model.transcript_encoder(torch.tensor([source]))
@@ -130,6 +148,9 @@ def test_cascade_wait_k_equals_full_recomputation(tiny_config, tiny_bundle_dir, 
             visible = wait_k_visible_positions(i + 1, [ends], wait_k, 1)
             logits = model.transcript_decoder(torch.tensor([tokens]), memory, visible)[0, -1]
             logits[[0, bos]] = float("-inf")
+            logits[repeating_tokens(tokens[1:], DEFAULT_TRANSLATION.no_repeat_ngram)] = float(
+                "-inf"
+            )
             if wait_k is not None and wait_k + i <= len(words):
                 logits[eos] = float("-inf")  # written before the source had ended
             token = int(logits.argmax())
@@ -158,3 +179,88 @@ def test_wait_k_visible_positions():
     assert wait_k_visible_positions(4, [[2, 3, 7]], 1, 1).tolist() == [[2, 3, 7, 7]]
     assert wait_k_visible_positions(3, [[2, 3, 7], [4]], 2, 2).tolist() == [[3, 3, 7], [4, 4, 4]]
     assert wait_k_visible_positions(2, [[2, 3, 7]], None, 1).tolist() == [[7, 7]]
+
+
+def test_repeating_tokens():
+    from streamasr.decoding import repeating_tokens
+
+    assert repeating_tokens([5, 6, 7, 5, 6], 3) == [7]  # 5 6 7 again
+    assert sorted(repeating_tokens([5, 6, 5, 7, 5], 2)) == [6, 7]
+    assert repeating_tokens([5, 6, 7], 3) == []
+    assert repeating_tokens([5, 6, 7], 1) == [5, 6, 7]
+    assert repeating_tokens([5, 5, 5], 0) == []  # guard off
+    assert repeating_tokens([], 4) == []
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_translation_never_repeats_an_ngram(tiny_model, n):
+    """A tiny random decoder loops; with the guard no n-gram of pieces comes twice, and the
+    guard is what changed the output."""
+    from streamasr.decoding import (
+        SpeechWaitKTranslator,
+        TranslationSearch,
+        speech_units,
+        translate_segment,
+    )
+    from streamasr.policy import WaitK
+
+    def ngrams(tokens):
+        return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+
+    torch.manual_seed(4)
+    units = speech_units(tiny_model, torch.randn(1, 40, tiny_model.cfg.d_model))
+    with torch.no_grad():
+        free, guarded = (
+            translate_segment(
+                SpeechWaitKTranslator(tiny_model, WaitK(2), 1, 2, TranslationSearch(1, g)), units
+            )
+            for g in (0, n)
+        )
+    assert len(set(ngrams(free))) < len(ngrams(free))  # it loops without the guard
+    assert len(set(ngrams(guarded))) == len(ngrams(guarded))
+
+
+@pytest.mark.parametrize("wait_k", [1, None])
+def test_translation_beam_scores_equal_full_recomputation(tiny_model, wait_k):
+    """The tail beam search's best hypothesis, scored from scratch (the whole target prefix
+    through the decoder, the same visibility and bans), has the score the cached search reports;
+    with a beam of 1 it is the greedy search."""
+    from streamasr.decoding import (
+        SpeechWaitKTranslator,
+        TranslationSearch,
+        repeating_tokens,
+        speech_units,
+    )
+    from streamasr.policy import WaitK
+
+    torch.manual_seed(6)
+    cfg, bos, eos = tiny_model.cfg, 1, 2
+    memory = torch.randn(1, 23, cfg.d_model)
+
+    def read_all(search):
+        translator = SpeechWaitKTranslator(tiny_model, WaitK(wait_k), bos, eos, search)
+        state = translator.init_state()
+        for unit in speech_units(tiny_model, memory):
+            state = translator.read(unit, state)
+            _, state = translator.write(state, source_finished=False)
+        return translator, state
+
+    with torch.no_grad():
+        translator, state = read_all(TranslationSearch(beam=4))
+        new, score, _ = translator.finish_by_beam(state)
+        assert new
+        tokens = [bos, *state.tokens, *new]
+        targets = [*state.tokens, *new, eos][: translator._max_tokens(state)]
+        visible = wait_k_visible_frames(len(tokens), torch.tensor([23]), wait_k, cfg.unit_frames, 1)
+        log_probs = tiny_model.decoder(torch.tensor([tokens]), memory, visible)[0].log_softmax(-1)
+        total = 0.0
+        for i in range(len(state.tokens), len(targets)):
+            row = log_probs[i].clone()
+            row[[0, bos]] = float("-inf")
+            row[repeating_tokens(tokens[1 : i + 1], 4)] = float("-inf")
+            total += float(row[targets[i]])
+        assert score == pytest.approx(total / (len(targets) - len(state.tokens)), abs=1e-4)
+
+        greedy, state = read_all(TranslationSearch(beam=1))
+        by_beam, _, _ = greedy.finish_by_beam(state)
+        assert by_beam == greedy.write(state, source_finished=True)[0]

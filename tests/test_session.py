@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from streamasr import session as session_module
+from streamasr.decoding import TranslationSearch
 from streamasr.session import Session, SessionOptions, WallClock
 
 
@@ -23,13 +24,13 @@ def texts(events):
 
 
 @pytest.mark.parametrize("translate_from", ["speech", "transcript"])
-@pytest.mark.parametrize("wait_k", [1, 3, None])
-def test_output_does_not_depend_on_piece_size(tiny_bundle, tone, wait_k, translate_from):
+@pytest.mark.parametrize("wait_k, beam", [(1, 1), (3, 1), (None, 1), (1, 3), (None, 3)])
+def test_output_does_not_depend_on_piece_size(tiny_bundle, tone, wait_k, beam, translate_from):
     audio = np.concatenate([tone, np.zeros(16000, np.float32), tone])
-    results = [
-        texts(run(tiny_bundle, audio, n, wait_k=wait_k, translate_from=translate_from)[1])
-        for n in (160, 16000, len(audio))
-    ]
+    options = dict(
+        wait_k=wait_k, translate_from=translate_from, translation=TranslationSearch(beam=beam)
+    )
+    results = [texts(run(tiny_bundle, audio, n, **options)[1]) for n in (160, 16000, len(audio))]
     assert results[0] == results[1] == results[2]
     assert any(t == "transcript" and text for _, t, text, _ in results[0])
     assert any(t == "translation" and text for _, t, text, _ in results[0])

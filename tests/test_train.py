@@ -14,7 +14,7 @@ from conftest import SENTENCES_DE, SENTENCES_EN
 from streamasr.bundle import load_bundle
 from streamasr.config import ModelConfig
 from streamasr.train import TrainConfig, collate, export, loss_on_batch, prepare, train
-from streamasr.train_cascade import train_cascade
+from streamasr.train_cascade import WordNoise, train_cascade
 
 TINY = ModelConfig(
     d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, en_vocab=40, de_vocab=60,
@@ -151,7 +151,7 @@ def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(tmp_
     tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
     train(corpus, tmp_path / "a", TINY, tcfg)
     folder = export(tmp_path / "a", tmp_path / "model")
-    ctcfg = replace(tcfg, steps=4, batch_tokens=60, val_every=2)
+    ctcfg = replace(tcfg, steps=4, batch_tokens=60, val_every=2, source_noise=0.5)
     whole = train_cascade(corpus, tmp_path / "b", folder, ctcfg, layers=1)
     train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers=1, stop_at=2)  # "killed"
     resumed = train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers=1)
@@ -164,3 +164,20 @@ def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(tmp_
     shipped = load_bundle(export(tmp_path / "b", tmp_path / "cascade_model"))
     assert shipped.config.translate_from == "transcript"
     assert_same_weights(shipped.model, whole)
+
+
+def test_word_noise_edits_words_into_similar_ones():
+    import random
+
+    sentences = ["a man rides a bike", "a man hides the bikes", "the men ride bikes"]
+    noise = WordNoise(sentences, neighbours=2, inserted=3)
+    assert set(noise.similar["bike"]) == {"bikes", "ride"}  # the closest spellings
+    words = "a man rides a bike".split()
+    assert noise(words, 0.0, random.Random(0)) == words
+    for seed in range(20):
+        noisy = noise(words, 1.0, random.Random(seed))
+        assert noisy  # a sentence never vanishes
+        assert noisy == noise(words, 1.0, random.Random(seed))  # seeded
+        assert not set(noisy) - set(noise.similar) - set(words)  # only vocabulary words
+    edited = [noise(words, 1.0, random.Random(s)) != words for s in range(20)]
+    assert all(edited)
