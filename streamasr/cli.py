@@ -230,7 +230,6 @@ def _wait_k(text: str) -> int | None:
 def _add_decoder_options(p: argparse.ArgumentParser) -> None:
     from .config import TRANSLATION_SOURCES
     from .decoding import DEFAULT_BEAM as default
-    from .decoding import DEFAULT_TRANSLATION as translation
 
     p.add_argument(
         "--decoder",
@@ -265,22 +264,35 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
         "transcript (the committed words, a unit per word; models with a transcript "
         "translator). Default: the model's",
     )
+    add_translation_search_options(p)
+
+
+def add_translation_search_options(p: argparse.ArgumentParser) -> None:
+    """The translation search flags (also the SimulEval agent's); `translation_search` reads them."""
+    from .decoding import DEFAULT_TRANSLATION as default
+
     p.add_argument(
         "--translation-beam",
         type=_positive_int,
-        default=translation.beam,
+        default=default.beam,
         metavar="N",
         help="once a segment's source has ended, search the rest of its translation with a beam"
-        f" of N (at k = inf the whole sentence); 1: greedy (default {translation.beam})",
+        f" of N (at k = inf the whole sentence); 1: greedy (default {default.beam})",
     )
     p.add_argument(
         "--no-repeat-ngram",
         type=_non_negative_int,
-        default=translation.no_repeat_ngram,
+        default=default.no_repeat_ngram,
         metavar="N",
         help="the translation never repeats an N-gram of pieces, which stops decoding loops; "
-        f"0: off (default {translation.no_repeat_ngram})",
+        f"0: off (default {default.no_repeat_ngram})",
     )
+
+
+def translation_search(args: argparse.Namespace):
+    from .decoding import TranslationSearch
+
+    return TranslationSearch(args.translation_beam, args.no_repeat_ngram)
 
 
 def _commit_ms(text: str) -> int | None:
@@ -365,7 +377,6 @@ def _load_model(args: argparse.Namespace, **options):
     """The model and session options the flags (and `options`) ask for; a chunk size the model
     cannot serve is a usage error."""
     from .bundle import load_bundle
-    from .decoding import TranslationSearch
     from .session import SessionOptions
 
     bundle = load_bundle(args.model)
@@ -377,7 +388,7 @@ def _load_model(args: argparse.Namespace, **options):
         chunk_ms=args.chunk_ms,
         translate_from=_translate_from(args, bundle),
         beam=_beam_options(args),
-        translation=TranslationSearch(args.translation_beam, args.no_repeat_ngram),
+        translation=translation_search(args),
         **options,
     )
 

@@ -17,8 +17,8 @@ from simuleval.utils import entrypoint
 
 from streamasr.audio import SAMPLE_RATE, to_mono_16k
 from streamasr.bundle import load_bundle
+from streamasr.cli import add_translation_search_options, translation_search
 from streamasr.config import TRANSLATION_SOURCES
-from streamasr.decoding import DEFAULT_TRANSLATION, TranslationSearch
 from streamasr.policy import parse_wait_k
 from streamasr.session import Session, SessionOptions
 
@@ -32,7 +32,7 @@ class StreamasrAgent(SpeechToTextAgent):
             translate=True,
             wait_k=parse_wait_k(args.wait_k),
             translate_from=args.translate_from,
-            translation=TranslationSearch(args.translation_beam, args.no_repeat_ngram),
+            translation=translation_search(args),
         )
         super().__init__(args)  # calls reset(), which needs the bundle
 
@@ -49,19 +49,7 @@ class StreamasrAgent(SpeechToTextAgent):
             default=None,
             help="translation source (default: the model's)",
         )
-        default = DEFAULT_TRANSLATION
-        parser.add_argument(
-            "--translation-beam",
-            type=int,
-            default=default.beam,
-            help=f"beam for the rest of a sentence once its source has ended (default {default.beam})",
-        )
-        parser.add_argument(
-            "--no-repeat-ngram",
-            type=int,
-            default=default.no_repeat_ngram,
-            help=f"never repeat an n-gram of pieces; 0: off (default {default.no_repeat_ngram})",
-        )
+        add_translation_search_options(parser)
 
     def reset(self) -> None:
         super().reset()
