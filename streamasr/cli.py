@@ -206,8 +206,8 @@ def _int_at_least(minimum: int, what: str):
         try:
             value = int(text)
         except ValueError:
-            value = minimum - 1
-        if value < minimum:
+            value = None
+        if value is None or value < minimum:
             raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}")
         return value
 

@@ -279,8 +279,7 @@ class WaitKTranslator:
             logits, decoder = self.decoder.step(
                 torch.tensor([state.next_input]), state.decoder, visible
             )
-            logits[0, [PAD, self.bos_id]] = float("-inf")  # never written
-            logits[0, repeating_tokens(state.tokens, self.search.no_repeat_ngram)] = float("-inf")
+            logits[0, self._banned(state.tokens)] = float("-inf")
             if not source_finished:
                 logits[0, self.eos_id] = float("-inf")  # the sentence cannot end before its source
             token = int(logits[0].argmax())
@@ -290,6 +289,10 @@ class WaitKTranslator:
             if token != self.eos_id:
                 new.append(token)
         return new, state
+
+    def _banned(self, tokens: tuple[int, ...]) -> list[int]:
+        """Tokens never written after `tokens`: padding, bos, and a repeated n-gram's end."""
+        return [PAD, self.bos_id, *repeating_tokens(tokens, self.search.no_repeat_ngram)]
 
     def finish_by_beam(self, state: TranslatorState) -> tuple[list[int], float, TranslatorState]:
         """The rest of the sentence once the source has ended, by beam search over continuations
@@ -307,10 +310,8 @@ class WaitKTranslator:
             visible = self._visible(state, self.policy.units_needed(written))
             logits, decoder = self.decoder.step(inputs, decoder, visible)
             log_probs = logits.log_softmax(-1)
-            log_probs[:, [PAD, self.bos_id]] = float("-inf")
             for row, (tokens, _) in enumerate(alive):
-                banned = repeating_tokens(prefix + tokens, self.search.no_repeat_ngram)
-                log_probs[row, banned] = float("-inf")
+                log_probs[row, self._banned(prefix + tokens)] = float("-inf")
             totals = torch.tensor([score for _, score in alive])[:, None] + log_probs
             top = totals.flatten().topk(min(2 * beam, totals.numel()))
             next_alive, rows = [], []

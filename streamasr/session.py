@@ -203,14 +203,14 @@ class Session:
         self.translate_from = options.translate_from or cfg.translate_from
         if self.translate_from not in TRANSLATION_SOURCES:
             raise ValueError(f"translate_from must be one of {TRANSLATION_SOURCES}")
-        ends = bundle.de.bos_id, bundle.de.eos_id
+        bos_eos = bundle.de.bos_id, bundle.de.eos_id
         if self.translate_from == "transcript":
             self.translator = TranscriptWaitKTranslator(
-                bundle.model, bundle.en, self.policy, *ends, options.translation
+                bundle.model, bundle.en, self.policy, *bos_eos, options.translation
             )
         else:
             self.translator = SpeechWaitKTranslator(
-                bundle.model, self.policy, *ends, options.translation
+                bundle.model, self.policy, *bos_eos, options.translation
             )
         self.translator_state = self.translator.init_state()
         self.segment = _SegmentState()

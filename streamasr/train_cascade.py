@@ -1,8 +1,8 @@
 """Training the cascade translator: transcript words -> German, prefix-to-prefix wait-k.
 
 Text only: the corpus manifests' (transcript, translation) pairs, the transcript normalized as
-the recognizer writes it, optionally with simulated recognition errors (`WordNoise`). The speech model (encoder, CTC head, speech decoder) is kept as it is;
-the transcript encoder and its decoder are trained, the decoder starting from the speech
+the recognizer writes it, optionally with simulated recognition errors (`WordNoise`). The
+speech model (encoder, CTC head, speech decoder) is kept as it is; the transcript encoder and its decoder are trained, the decoder starting from the speech
 decoder's weights (its German is learnt already). Resumable like `train.train`, and the work
 folder exports the same way.
 """
@@ -177,15 +177,16 @@ def train_cascade(
         cfg = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
     en, de = Tokenizer(work / "en.model"), Tokenizer(work / "de.model")
     manifests = [corpus / "train.jsonl"] + [e / "train.jsonl" for e in extra]
+    pairs = text_pairs(manifests)
     items = []
-    for text, translation in text_pairs(manifests):
+    for text, translation in pairs:
         words = text.split()
         src, ends = en.encode_words(words)
         items.append({"words": words, "src": src, "ends": ends, "tgt": de.encode(translation)})
     val_pairs = text_pairs([corpus / "val.jsonl"], tcfg.val_utterances)
     noise = None
     if tcfg.source_noise > 0:
-        noise = WordNoise([" ".join(it["words"]) for it in items])
+        noise = WordNoise([text for text, _ in pairs])
         val_rng = random.Random(0)  # the same noisy validation transcripts at every validation
         noisy_val = [
             (" ".join(noise(text.split(), tcfg.source_noise / 2, val_rng)), translation)
