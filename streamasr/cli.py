@@ -25,7 +25,13 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--out", type=Path, required=True, help="corpus folder to write")
     build.add_argument("--splits", default="train,val,test_2016_flickr", help="comma-separated")
     build.add_argument("--voices", help="train voice pool, ENGINE:VOICE,... (default: all)")
-    build.add_argument("--limit", type=int, help="at most N sentences per split")
+    build.add_argument("--limit", type=_positive_int, help="at most N sentences per split")
+    build.add_argument(
+        "--start",
+        type=_non_negative_int,
+        default=0,
+        help="first sentence (0-based line) of each split to speak (default 0)",
+    )
     build.add_argument(
         "--pool-voices",
         action="store_true",
@@ -44,14 +50,12 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     pool = parse_train_voices(args.voices) if args.voices else default_train_pool()
     corpus.check_voices(pool)
     splits = [s for s in args.splits.split(",") if s]
-    if args.limit is not None and args.limit < 1:
-        raise UsageError(f"--limit must be a positive integer, got {args.limit}")
     args.out.mkdir(parents=True, exist_ok=True)
     summary = corpus.BuildSummary()
     for split in splits:
         english, german = corpus.read_multi30k(args.multi30k, split)
         jobs = corpus.plan_jobs(
-            split, english, german, pool, args.seed, args.limit, args.pool_voices
+            split, english, german, pool, args.seed, args.limit, args.pool_voices, args.start
         )
         manifest = corpus.build_split(jobs, args.out, args.jobs, summary)
         print(f"wrote {manifest}", file=sys.stderr)
@@ -104,7 +108,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="CORPUS",
-        help="another corpus folder whose train.jsonl joins the training data (repeatable)",
+        help="another corpus folder whose train.jsonl joins the training data (repeatable; a"
+        " corpus named twice is drawn twice as often)",
     )
     train.add_argument("--stop-at", type=int, help="end this run at that step (resume later)")
     train.add_argument("--init", type=Path, help="start from a model folder's weights (warm start)")

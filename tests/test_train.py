@@ -122,6 +122,10 @@ def test_extra_corpora_join_the_training_data(tmp_path, tone):
     assert torch.equal(both.utterance(len(alone.items) + 3), other.utterance(3))
     assert (tmp_path / "c" / "features_train+voice2.safetensors").is_file()
     assert [it["id"] for it in val.items] == ["val0", "val1"]  # validation: the first corpus
+    # a corpus named twice is drawn twice as often
+    twice, *_ = prepare(corpus, tmp_path / "c", TINY, 2, extra=[extra, extra])
+    assert len(twice.items) == len(alone.items) + 2 * len(other.items)
+    assert torch.equal(twice.utterance(len(both.items) + 3), other.utterance(3))
 
 
 def test_feature_cache_follows_its_manifest(tmp_path, tone):
