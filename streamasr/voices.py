@@ -1,7 +1,8 @@
 """TTS voices: names, the training pool, the evaluation voices, and the reserved ones.
 
 A voice is named `engine:voice`, e.g. `espeak:en-gb-x-rp+f3`, `flite:rms`,
-`festival:ked_diphone`, `piper:joe`, `kokoro:jm_kumo`. See ../shared/DATA.md for why some voices are reserved.
+`festival:ked_diphone`, `piper:joe`, `kokoro:jm_kumo`. See ../shared/DATA.md for why some voices
+are reserved.
 """
 
 from __future__ import annotations
