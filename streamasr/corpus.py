@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import soundfile as sf
 from tqdm import tqdm
 
@@ -152,7 +153,6 @@ class KokoroVoices:
     def __init__(self) -> None:
         import importlib.resources
 
-        import numpy as np
         import onnxruntime
 
         try:
@@ -179,9 +179,7 @@ class KokoroVoices:
         ipa = " ".join(ipa.split()) + "."
         return [self.vocab[c] for c in ipa if c in self.vocab]
 
-    def speak(self, name: str, text: str):
-        import numpy as np
-
+    def speak(self, name: str, text: str) -> np.ndarray:
         styles = self.styles[name]
         ids = self.phoneme_ids(text)[: len(styles) - 3]
         audio = self.session.run(None, {
@@ -200,21 +198,26 @@ def kokoro_voices() -> KokoroVoices:
 
 def check_voices(pool: dict[str, list[Voice]]) -> None:
     """Fail before synthesis, with one line, when a pool's engine or voice cannot be had."""
-    programs = {"espeak": "espeak-ng", "flite": "flite", "festival": "text2wave"}
+    # Kokoro reads espeak-ng's phonemes; piper needs no program.
+    programs = {
+        "espeak": "espeak-ng",
+        "flite": "flite",
+        "festival": "text2wave",
+        "kokoro": "espeak-ng",
+    }
     for engine, voices in pool.items():
         if engine == "piper":
             for voice in voices:
                 piper_voice(voice.name)
-        elif engine == "kokoro":
+            continue
+        if engine == "kokoro":
             unknown = [v.name for v in voices if v.name not in KOKORO_VOICES]
             if unknown:
                 raise CorpusError(
                     f"unknown voice kokoro:{unknown[0]} (known: {', '.join(KOKORO_VOICES)})"
                 )
             kokoro_voices()
-            if shutil.which("espeak-ng") is None:
-                raise CorpusError("kokoro voices need `espeak-ng` (make setup installs it)")
-        elif voices and shutil.which(programs[engine]) is None:
+        if voices and shutil.which(programs[engine]) is None:
             raise CorpusError(f"{engine} voices need `{programs[engine]}` (make setup installs it)")
     if shutil.which("sox") is None:
         raise CorpusError("synthesis needs `sox` (make setup installs it)")
