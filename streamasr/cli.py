@@ -24,7 +24,11 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--multi30k", type=Path, required=True, help="folder of Multi30k files")
     build.add_argument("--out", type=Path, required=True, help="corpus folder to write")
     build.add_argument("--splits", default="train,val,test_2016_flickr", help="comma-separated")
-    build.add_argument("--voices", help="train voice pool, ENGINE:VOICE,... (default: all)")
+    build.add_argument(
+        "--voices",
+        help="train voice pool, ENGINE:VOICE,... (default: all); kokoro voices blend with +,"
+        " e.g. kokoro:jf_alpha+jm_kumo",
+    )
     build.add_argument("--limit", type=_positive_int, help="at most N sentences per split")
     build.add_argument(
         "--start",

