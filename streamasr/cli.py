@@ -83,7 +83,14 @@ TRAIN_OPTIONS = (
     "freeze_encoder",
     "batch_tokens",
     "source_noise",
+    "full_context_prob",
+    "train_chunk_ms",
 )
+OPTION_HELP = {
+    "full_context_prob": "share of batches trained without the chunk mask (default 0.2)",
+    "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
+    "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
+}
 MODEL_OPTIONS = (
     "d_model",
     "encoder_layers",
@@ -136,7 +143,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                 )
             else:
                 train.add_argument(
-                    flag, type=type(default), default=default, help=f"default {default}"
+                    flag,
+                    type=type(default),
+                    default=default,
+                    help=OPTION_HELP.get(name, f"default {default}"),
                 )
     train.set_defaults(func=cmd_train)
     export = sub.add_parser("export", help="write a model folder from a training work folder")

@@ -54,6 +54,9 @@ class TrainConfig:
     mt_weight: float = 0.5  # per-token translation cross-entropy weight
     label_smoothing: float = 0.1
     full_context_prob: float = 0.2  # batches trained without the chunk mask
+    # chunk sizes (ms) drawn for the other batches, e.g. "160,160,320,640" (a size named twice is
+    # drawn twice as often); empty: the model's chunk_frames_choices, uniformly
+    train_chunk_ms: str = ""
     augment_from: int = 1000  # first step with augmentation: the encoder first fits clean speech
     mt_detach: bool = True  # the translation loss trains the decoder only, not the encoder
     freeze_encoder: bool = False  # encoder fixed (no gradients, no CTC): decoder-only training
@@ -231,6 +234,16 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def train_chunk_frames(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[int, ...]:
+    """Chunk sizes in encoder frames drawn for chunked batches: `train_chunk_ms`, or the model's."""
+    if not tcfg.train_chunk_ms:
+        return cfg.chunk_frames_choices
+    try:
+        return tuple(cfg.chunk_frames(int(ms)) for ms in tcfg.train_chunk_ms.split(","))
+    except ValueError as err:
+        raise TrainError(f"--train-chunk-ms {tcfg.train_chunk_ms!r}: {err}") from None
+
+
 def loss_on_batch(
     model: SpeechTranslator, batch, chunk_frames: int, wait_k: int | None, tcfg: TrainConfig
 ):
@@ -322,6 +335,7 @@ def train(
     torch.manual_seed(tcfg.seed)
     if init is not None and not (work / "checkpoint.pt").exists():
         cfg = _warm_start_files(init, work)
+    chunk_choices = train_chunk_frames(cfg, tcfg)
     train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances, extra)
     model = SpeechTranslator(cfg)
     if init is not None and not (work / "checkpoint.pt").exists():
@@ -343,9 +357,7 @@ def train(
 
     def loss_of(indices: list[int], step: int, rng: random.Random, gen: torch.Generator):
         nonlocal audio_s
-        chunk = (
-            -1 if rng.random() < tcfg.full_context_prob else rng.choice(cfg.chunk_frames_choices)
-        )
+        chunk = -1 if rng.random() < tcfg.full_context_prob else rng.choice(chunk_choices)
         k = rng.choice(cfg.wait_k_choices)
         augment = aug if step >= tcfg.augment_from else None
         batch = collate(train_cache, indices, stats, augment, gen, de.bos_id, de.eos_id)

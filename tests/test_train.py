@@ -7,13 +7,23 @@ import shutil
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import soundfile as sf
 import torch
 from conftest import SENTENCES_DE, SENTENCES_EN
 
 from streamasr.bundle import load_bundle
 from streamasr.config import ModelConfig
-from streamasr.train import TrainConfig, collate, export, loss_on_batch, prepare, train
+from streamasr.train import (
+    TrainConfig,
+    TrainError,
+    collate,
+    export,
+    loss_on_batch,
+    prepare,
+    train,
+    train_chunk_frames,
+)
 from streamasr.train_cascade import WordNoise, train_cascade
 
 TINY = ModelConfig(
@@ -109,6 +119,28 @@ def test_detached_translation_loss_leaves_the_encoder_alone(tmp_path, tone):
     mt.backward()
     assert all(p.grad is None for p in model.encoder.parameters())
     assert model.decoder.out.weight.grad.abs().sum() > 0
+
+
+def test_train_chunk_ms_sets_the_chunks_drawn(tmp_path, tone, monkeypatch):
+    assert train_chunk_frames(TINY, TrainConfig()) == TINY.chunk_frames_choices
+    assert train_chunk_frames(TINY, TrainConfig(train_chunk_ms="160,160,320")) == (4, 4, 8)
+    for bad in ("120", "160,x"):  # 3 frames do not divide the lookback; not a number
+        with pytest.raises(TrainError, match="--train-chunk-ms"):
+            train_chunk_frames(TINY, TrainConfig(train_chunk_ms=bad))
+    drawn = []
+
+    def recording(model, batch, chunk_frames, wait_k, tcfg):
+        drawn.append(chunk_frames)
+        return loss_on_batch(model, batch, chunk_frames, wait_k, tcfg)
+
+    monkeypatch.setattr("streamasr.train.loss_on_batch", recording)
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(
+        steps=3, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1,
+        full_context_prob=0.0, train_chunk_ms="160",
+    )  # fmt: skip
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    assert drawn and set(drawn) == {4}
 
 
 def test_extra_corpora_join_the_training_data(tmp_path, tone):
