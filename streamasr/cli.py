@@ -554,7 +554,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     runs, instances = evaluate(bundle, utterances, args.wait_k, options)
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
     decoder = str(options.beam) if bundle.beam_search(options.beam) is not None else "greedy"
-    write_outputs(args.out, model_name, options, runs, instances, decoder)
+    summary = write_outputs(args.out, model_name, options, runs, instances, decoder)
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"
     )
@@ -563,6 +563,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for row in table_rows(runs):
         table.add_row(*row)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+    for voice, wer in summary["wer_by_voice"].items():
+        if wer["wer"] is not None:
+            print(
+                f"{voice}: WER {wer['wer']:.1f} % ({wer['wer_full_context']:.1f} % full context),"
+                f" {wer['utterances']} utt"
+            )
     print(f"wrote {args.out}/summary.json, instances.jsonl, latency_quality.png")
     return 0
 

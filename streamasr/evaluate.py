@@ -47,6 +47,7 @@ class Instance:
     compute_ms: float
     emission_delays_ms: list[float]  # per matched transcript word: emitted - word end
     full_context_transcript: str  # the same model and search without chunking
+    voice: str | None = None  # the manifest's speaker, if it names one
 
 
 @dataclass(frozen=True)
@@ -193,18 +194,36 @@ def run_instance(
         compute_ms=sum(session.chunk_compute_ms),
         emission_delays_ms=emission_delays(hyp_words, hyp_ms, ref_words, offline.word_ends_ms),
         full_context_transcript=offline.transcript,
+        voice=utt.voice,
     )
 
 
-def summarize(instances: list[Instance], wait_k: int | str) -> dict:
+def transcript_wer(instances: list[Instance]) -> dict:
+    """WER % of the streamed and of the full-context transcripts over the instances with a
+    reference transcript (None without any), and how many those are."""
     with_text = [i for i in instances if i.text_ref is not None]
     refs = [normalize_transcript(i.text_ref) for i in with_text]
     hyps = [normalize_transcript(i.transcript) for i in with_text]
     offline = [normalize_transcript(i.full_context_transcript) for i in with_text]
-    run: dict = {
-        "wait_k": wait_k,
+    return {
+        "utterances": len(with_text),
         "wer": 100 * jiwer.wer(refs, hyps) if refs else None,
         "wer_full_context": 100 * jiwer.wer(refs, offline) if refs else None,
+    }
+
+
+def wer_by_voice(instances: list[Instance]) -> dict[str, dict]:
+    """transcript_wer per voice named in the manifest, voices sorted by name."""
+    voices = sorted({i.voice for i in instances if i.voice is not None})
+    return {v: transcript_wer([i for i in instances if i.voice == v]) for v in voices}
+
+
+def summarize(instances: list[Instance], wait_k: int | str) -> dict:
+    wer = transcript_wer(instances)
+    run: dict = {
+        "wait_k": wait_k,
+        "wer": wer["wer"],
+        "wer_full_context": wer["wer_full_context"],
         "bleu": None,
         "chrf": None,
     }
@@ -268,7 +287,7 @@ def instance_json(ins: Instance) -> dict:
         "text_ref": ins.text_ref, "translation_ref": ins.translation_ref, "source_ms": ins.source_ms,
         "delays_ms": ins.delays_ms, "elapsed_ms": [round(e, 1) for e in ins.elapsed_ms],
         "transcript_word_ms": ins.transcript_word_ms,
-        "full_context_transcript": ins.full_context_transcript,
+        "full_context_transcript": ins.full_context_transcript, "voice": ins.voice,
     }  # fmt: skip
 
 
@@ -291,6 +310,8 @@ def write_outputs(
         "translate_from": options.translate_from,
         "translation_search": asdict(options.translation),
         "runs": runs,
+        # the transcript does not depend on k: one k's instances give every voice's WER
+        "wer_by_voice": wer_by_voice([i for i in instances if i.wait_k == runs[0]["wait_k"]]),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     title = f"{model}, {options.chunk_ms} ms chunks"

@@ -18,6 +18,7 @@ class Utterance:
     text: str | None = None
     translation: str | None = None
     duration_ms: float | None = None
+    voice: str | None = None  # the speaker, where the manifest names one
 
 
 def read_manifest(path: str | Path, limit: int | None = None) -> list[Utterance]:
@@ -39,6 +40,7 @@ def read_manifest(path: str | Path, limit: int | None = None) -> list[Utterance]
                         text=row.get("text"),
                         translation=row.get("translation"),
                         duration_ms=row.get("duration_ms"),
+                        voice=row.get("voice"),
                     )
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as err:

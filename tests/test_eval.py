@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import jiwer
 import numpy as np
 import pytest
 import soundfile as sf
 
 from streamasr.cli import main
 from streamasr.metrics import average_lagging, length_adaptive_average_lagging
+from streamasr.text import normalize_transcript
 
 RUN_KEYS = {"wait_k", "wer", "wer_full_context", "bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset",
             "AL_CA", "LAAL_CA", "DAL_CA", "asr_delay_ms", "rtf"}  # fmt: skip
@@ -72,6 +74,16 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
         assert run["bleu"] is not None and run["wer"] is not None and run["rtf"] > 0
     instances = [json.loads(line) for line in (out / "instances.jsonl").read_text().splitlines()]
     assert len(instances) == 6
+    assert [i["voice"] for i in instances if i["wait_k"] == 1] == [None, "x"]
+    # WER per voice the manifest names: "b" alone is voice "x"; "a" names none
+    b = next(i for i in instances if i["id"] == "b")
+    wer_b = [
+        100 * jiwer.wer("two dogs play", normalize_transcript(b[key]))
+        for key in ("transcript", "full_context_transcript")
+    ]
+    assert summary["wer_by_voice"] == {
+        "x": {"utterances": 1, "wer": pytest.approx(wer_b[0]), "wer_full_context": pytest.approx(wer_b[1])}
+    }  # fmt: skip
     assert len({r["wer_full_context"] for r in summary["runs"]}) == 1  # one offline pass per file
     for utt in ("a", "b"):
         assert len({i["full_context_transcript"] for i in instances if i["id"] == utt}) == 1
@@ -80,7 +92,7 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
         assert len(ins["transcript_word_ms"]) == len(ins["transcript"].split())
     assert (out / "latency_quality.png").stat().st_size > 1000
     table = capsys.readouterr().out
-    assert "LAAL" in table and "inf" in table
+    assert "LAAL" in table and "inf" in table and "x: WER" in table
 
     # The README section names the run's settings and holds its table.
     readme = tmp_path / "README.md"
