@@ -40,7 +40,7 @@ def read_manifest(path: str | Path, limit: int | None = None) -> list[Utterance]
                         text=row.get("text"),
                         translation=row.get("translation"),
                         duration_ms=row.get("duration_ms"),
-                        voice=row.get("voice"),
+                        voice=None if row.get("voice") is None else str(row["voice"]),
                     )
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as err:

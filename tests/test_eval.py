@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 
 from streamasr.cli import main
+from streamasr.manifest import read_manifest
 from streamasr.metrics import average_lagging, length_adaptive_average_lagging
 from streamasr.text import normalize_transcript
 
@@ -152,3 +153,9 @@ def test_bad_manifest_is_one_line(tmp_path, capsys, tiny_bundle_dir):
     assert main(["eval", str(tmp_path / "m.jsonl"), "--model", str(tiny_bundle_dir)]) == 2
     err = capsys.readouterr().err
     assert "expected a JSON object" in err and len(err.strip().splitlines()) == 1
+
+
+def test_manifest_voices_are_names(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"id": "a", "audio": "a.wav", "voice": 3}\n{"id": "b", "audio": "b.wav"}\n')
+    assert [u.voice for u in read_manifest(path)] == ["3", None]  # sortable beside other names
