@@ -217,3 +217,16 @@ def test_word_noise_edits_words_into_similar_ones():
         assert not set(noisy) - set(noise.similar) - set(words)  # only vocabulary words
     edited = [noise(words, 1.0, random.Random(s)) != words for s in range(20)]
     assert all(edited)
+
+
+def test_feature_statistics_summed_in_slices_equal_one_sum(tmp_path, tone, monkeypatch):
+    from streamasr.features import RunningStats
+
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    monkeypatch.setattr("streamasr.train.STATS_SLICE_FRAMES", 7)  # many slices, a ragged last one
+    cache, _, stats, *_ = prepare(corpus, tmp_path / "a", TINY, 2)
+    whole = RunningStats(TINY.n_mels)
+    whole.update(cache.feats)
+    expected = whole.result()
+    assert torch.allclose(stats.mean, expected.mean, atol=1e-5)
+    assert torch.allclose(stats.std, expected.std, atol=1e-5)
