@@ -41,11 +41,6 @@ class TrainError(ValueError):
     """A training run the user can fix (e.g. resuming a work folder with other model options)."""
 
 
-# Feature statistics are summed over slices of this many frames (21 MB of float64 each): the
-# whole cache at once took 24 GB for 42 h of audio and was killed for memory.
-STATS_SLICE_FRAMES = 1 << 15
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 5600  # optimizer steps in all (resume continues towards this)
@@ -179,8 +174,7 @@ def prepare(
     stats_path = work / "feature_stats.safetensors"
     if not stats_path.exists():
         running = RunningStats(cfg.n_mels)
-        for start in range(0, len(train.feats), STATS_SLICE_FRAMES):  # float64 copies stay small
-            running.update(train.feats[start : start + STATS_SLICE_FRAMES])
+        running.update(train.feats)
         stats = running.result()
         save_file({"mean": stats.mean, "std": stats.std}, str(stats_path))
     stats = load_file(str(stats_path))
