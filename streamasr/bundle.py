@@ -1,5 +1,6 @@
 """A model folder: config.json, model.safetensors, feature_stats.safetensors, en.model, de.model,
-and optionally the transcript word LM (lm.arpa, lexicon.txt) for CTC beam search.
+transcript.model where the cascade reads pieces of its own (config `transcript_vocab`), and
+optionally the transcript word LM (lm.arpa, lexicon.txt) for CTC beam search.
 
 Loading reads JSON, safetensors, sentencepiece and text files only: nothing is unpickled.
 """
@@ -24,6 +25,7 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "base"
 # Output layers tied to their embeddings: saved once, under the embedding's name.
 TIED = ("decoder.out.weight", "transcript_decoder.out.weight")
 FILES = ("config.json", "model.safetensors", "feature_stats.safetensors", "en.model", "de.model")
+TRANSCRIPT_TOKENIZER = "transcript.model"
 
 
 class ModelFolderError(ValueError):
@@ -38,6 +40,13 @@ class Bundle:
     en: Tokenizer
     de: Tokenizer
     lm_folder: Path | None = None  # holds lm.arpa and lexicon.txt
+    # The cascade's source pieces (transcript.model); None: it reads en.model's, as the CTC writes.
+    transcript_pieces: Tokenizer | None = None
+
+    @property
+    def transcript_tokenizer(self) -> Tokenizer:
+        """The tokenizer the cascade translator reads transcript words with."""
+        return self.transcript_pieces or self.en
 
     @property
     def has_lm(self) -> bool:
@@ -67,12 +76,26 @@ class Bundle:
             {"mean": self.stats.mean, "std": self.stats.std},
             str(folder / "feature_stats.safetensors"),
         )
-        for tok, name in ((self.en, "en.model"), (self.de, "de.model")):
+        tokenizers = [(self.en, "en.model"), (self.de, "de.model")]
+        if self.transcript_pieces is not None:
+            tokenizers.append((self.transcript_pieces, TRANSCRIPT_TOKENIZER))
+        for tok, name in tokenizers:
             if tok.path.resolve() != (folder / name).resolve():
                 shutil.copyfile(tok.path, folder / name)
         if self.lm_folder is not None and self.lm_folder.resolve() != folder.resolve():
             for name in (LM_FILE, LEXICON_FILE):
                 shutil.copyfile(self.lm_folder / name, folder / name)
+
+
+def transcript_pieces(folder: Path, config: ModelConfig) -> Tokenizer | None:
+    """The cascade's own source tokenizer in a model or work folder, if the config asks for one."""
+    if not config.transcript_vocab:
+        return None
+    if not (folder / TRANSCRIPT_TOKENIZER).is_file():
+        raise ModelFolderError(
+            f"{folder}: config.json sets transcript_vocab but {TRANSCRIPT_TOKENIZER} is missing"
+        )
+    return Tokenizer(folder / TRANSCRIPT_TOKENIZER)
 
 
 def load_bundle(folder: str | Path | None = None) -> Bundle:
@@ -81,6 +104,7 @@ def load_bundle(folder: str | Path | None = None) -> Bundle:
     if missing:
         raise ModelFolderError(f"{folder}: not a model folder (missing {', '.join(missing)})")
     config = ModelConfig.load(folder / "config.json")
+    pieces = transcript_pieces(folder, config)
     model = SpeechTranslator(config)
     missing_keys, unexpected = model.load_state_dict(
         load_file(str(folder / "model.safetensors")), strict=False
@@ -98,4 +122,5 @@ def load_bundle(folder: str | Path | None = None) -> Bundle:
         en=Tokenizer(folder / "en.model"),
         de=Tokenizer(folder / "de.model"),
         lm_folder=folder if all((folder / f).is_file() for f in (LM_FILE, LEXICON_FILE)) else None,
+        transcript_pieces=pieces,
     )

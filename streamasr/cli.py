@@ -85,11 +85,16 @@ TRAIN_OPTIONS = (
     "source_noise",
     "full_context_prob",
     "train_chunk_ms",
+    "val_utterances",
 )
 OPTION_HELP = {
     "full_context_prob": "share of batches trained without the chunk mask (default 0.2)",
     "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
     "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
+    "val_utterances": "val utterances (text pairs with --cascade) validated on (default 60)",
+    "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
+    "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",
+    "cascade_dropout": "--cascade: dropout of the transcript translator (default 0.1)",
 }
 MODEL_OPTIONS = (
     "d_model",
@@ -99,6 +104,8 @@ MODEL_OPTIONS = (
     "en_vocab",
     "de_vocab",
     "transcript_encoder_layers",
+    "transcript_vocab",
+    "cascade_dropout",
 )
 
 
@@ -107,9 +114,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     from .train import TrainConfig
 
     train = sub.add_parser("train", help="train a model on a built corpus (resumable)")
-    train.add_argument(
-        "--corpus", type=Path, required=True, help="corpus folder (train.jsonl, val.jsonl)"
-    )
+    train.add_argument("--corpus", type=Path, help="corpus folder (train.jsonl, val.jsonl)")
     train.add_argument(
         "--work", type=Path, required=True, help="folder for caches, checkpoints and logs"
     )
@@ -129,6 +134,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="train only the transcript translator (text pairs, no audio) of the --init model; "
         "needs --transcript-encoder-layers",
+    )
+    train.add_argument(
+        "--multi30k",
+        type=Path,
+        metavar="DIR",
+        help="--cascade: read the text pairs from this Multi30k folder (train.en/.de, val.en/.de)"
+        " instead of the corpus manifests, so no audio need be built",
     )
     for cls, names in ((TrainConfig, TRAIN_OPTIONS), (ModelConfig, MODEL_OPTIONS)):
         for name in names:
@@ -165,12 +177,17 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from .config import ModelConfig
     from .train import TrainConfig, TrainError, train
-    from .train_cascade import train_cascade
+    from .train_cascade import CASCADE_FIELDS, train_cascade
 
     model_cfg = ModelConfig(**{name: getattr(args, name) for name in MODEL_OPTIONS})
     train_cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
-    needed = [args.corpus / "train.jsonl", args.corpus / "val.jsonl"]
-    needed += [folder / "train.jsonl" for folder in args.extra_train]
+    if args.multi30k is not None and not args.cascade:
+        raise UsageError("--multi30k is for --cascade training (text pairs)")
+    if args.corpus is None and args.multi30k is None:
+        raise UsageError("train needs --corpus DIR (or, with --cascade, --multi30k DIR)")
+    needed = [folder / "train.jsonl" for folder in args.extra_train]
+    if args.multi30k is None:
+        needed = [args.corpus / "train.jsonl", args.corpus / "val.jsonl", *needed]
     for path in needed:
         if not path.is_file():
             raise UsageError(
@@ -181,8 +198,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             if args.init is None or not args.transcript_encoder_layers:
                 raise UsageError("--cascade needs --init MODEL and --transcript-encoder-layers N")
             train_cascade(
-                args.corpus, args.work, args.init, train_cfg, args.transcript_encoder_layers,
-                stop_at=args.stop_at, extra=args.extra_train,
+                args.corpus, args.work, args.init, train_cfg,
+                {name: getattr(args, name) for name in CASCADE_FIELDS},
+                stop_at=args.stop_at, extra=args.extra_train, multi30k=args.multi30k,
             )  # fmt: skip
         else:
             train(
@@ -573,6 +591,53 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_eval_text(sub: argparse._SubParsersAction) -> None:
+    ev = sub.add_parser(
+        "eval-text",
+        help="BLEU of the cascade translator on reference transcripts (no audio, no recognition"
+        " errors): its wait-k quality on clean text",
+    )
+    ev.add_argument("multi30k", type=Path, help="Multi30k folder (SPLIT.en, SPLIT.de)")
+    ev.add_argument("--split", default="val", help="split to translate (default val)")
+    ev.add_argument("--model", type=Path, help="model folder (default: the shipped models/base)")
+    ev.add_argument("--wait-k", type=_wait_k_list, default=[3, None], help="default 3,inf")
+    ev.add_argument("--limit", type=_positive_int, help="first N sentence pairs only")
+    add_translation_search_options(ev)
+    ev.set_defaults(func=cmd_eval_text)
+
+
+def cmd_eval_text(args: argparse.Namespace) -> int:
+    import sacrebleu
+    from tqdm import tqdm
+
+    from .bundle import DEFAULT_MODEL_DIR, load_bundle
+    from .train_cascade import multi30k_pairs, translate_transcripts
+
+    pairs = multi30k_pairs(args.multi30k, args.split, args.limit)
+    if not pairs:
+        raise UsageError(f"{args.multi30k}: no sentence pairs in {args.split}")
+    bundle = load_bundle(args.model)
+    if not bundle.model.has_cascade:
+        raise UsageError(
+            f"{args.model or DEFAULT_MODEL_DIR}: this model has no transcript translator"
+        )
+    texts, refs = [t for t, _ in pairs], [[r for _, r in pairs]]
+    print(f"{len(pairs)} {args.split} pairs, reference transcripts")
+    for k in args.wait_k:
+        progress = tqdm(texts, desc=f"k={'inf' if k is None else k}", unit="sent", leave=False)
+        hyps = translate_transcripts(
+            bundle.model,
+            progress,
+            bundle.transcript_tokenizer,
+            bundle.de,
+            k,
+            translation_search(args),
+        )
+        bleu, chrf = sacrebleu.corpus_bleu(hyps, refs), sacrebleu.corpus_chrf(hyps, refs)
+        print(f"{progress.desc}: BLEU {bleu.score:.2f}  chrF {chrf.score:.2f}")
+    return 0
+
+
 def _float_list(text: str) -> list[float]:
     try:
         values = [float(item) for item in text.split(",") if item.strip()]
@@ -728,6 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_stream_commands(sub)
     _add_eval(sub)
+    _add_eval_text(sub)
     _add_tune_lm(sub)
     _add_bench(sub)
     _add_results(sub)

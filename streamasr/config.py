@@ -37,6 +37,11 @@ class ModelConfig:
     # Cascade translation: a causal Transformer over the transcript's subwords with its own
     # wait-k decoder, whose source units are transcript words. 0 layers = none.
     transcript_encoder_layers: int = 0
+    # The cascade's source pieces: a sentencepiece model of its own (transcript.model) of this
+    # size, or 0 for the CTC's en.model. The CTC needs few pieces (about 4.6 frames each); a
+    # translator reads words better as word-sized pieces, in sequences half as long or less.
+    transcript_vocab: int = 0
+    cascade_dropout: float = 0.1  # dropout of the transcript encoder and its decoder
     translate_from: str = "speech"  # the default source of translation: "speech" or "transcript"
 
     def __post_init__(self) -> None:
@@ -56,6 +61,10 @@ class ModelConfig:
     @property
     def unit_frames(self) -> int:
         return self.unit_ms // self.frame_ms
+
+    @property
+    def cascade_source_vocab(self) -> int:
+        return self.transcript_vocab or self.en_vocab
 
     def chunk_frames(self, chunk_ms: int) -> int:
         """Encoder frames per chunk; chunk_ms must be a multiple of frame_ms that divides lookback."""

@@ -8,7 +8,7 @@ of tensors, batched on dim 0; modules hold only parameters.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -497,7 +497,7 @@ class TranscriptEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.d_model = cfg.d_model
-        self.embed = nn.Embedding(cfg.en_vocab, cfg.d_model)
+        self.embed = nn.Embedding(cfg.cascade_source_vocab, cfg.d_model)
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(
                 cfg.d_model,
@@ -537,8 +537,9 @@ class SpeechTranslator(nn.Module):
         self.ctc_head = nn.Linear(cfg.d_model, cfg.en_vocab)
         self.decoder = TranslationDecoder(cfg)
         if cfg.transcript_encoder_layers:
-            self.transcript_encoder = TranscriptEncoder(cfg)
-            self.transcript_decoder = TranslationDecoder(cfg)
+            cascade = replace(cfg, dropout=cfg.cascade_dropout)
+            self.transcript_encoder = TranscriptEncoder(cascade)
+            self.transcript_decoder = TranslationDecoder(cascade)
 
     @property
     def has_cascade(self) -> bool:

@@ -206,7 +206,11 @@ class Session:
         bos_eos = bundle.de.bos_id, bundle.de.eos_id
         if self.translate_from == "transcript":
             self.translator = TranscriptWaitKTranslator(
-                bundle.model, bundle.en, self.policy, *bos_eos, options.translation
+                bundle.model,
+                bundle.transcript_tokenizer,
+                self.policy,
+                *bos_eos,
+                options.translation,
             )
         else:
             self.translator = SpeechWaitKTranslator(

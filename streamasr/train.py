@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .augment import AugmentConfig, augment_logmel, spec_augment
-from .bundle import Bundle, load_bundle
+from .bundle import TRANSCRIPT_TOKENIZER, Bundle, load_bundle, transcript_pieces
 from .config import ModelConfig
 from .decoding import SpeechWaitKTranslator, ctc_greedy_tokens, speech_units, translate_segment
 from .features import FeatureStats, LogMel, RunningStats
@@ -461,9 +461,13 @@ def _train_mode(model: SpeechTranslator, tcfg: TrainConfig) -> None:
 def _warm_start_files(init: Path, work: Path) -> ModelConfig:
     """Copy a model folder's tokenizers and statistics into a new work folder; its config."""
     work.mkdir(parents=True, exist_ok=True)
-    for name in ("en.model", "de.model", "feature_stats.safetensors"):
+    cfg = ModelConfig.load(init / "config.json")
+    names = ["en.model", "de.model", "feature_stats.safetensors"]
+    if cfg.transcript_vocab:
+        names.append(TRANSCRIPT_TOKENIZER)
+    for name in names:
         shutil.copyfile(init / name, work / name)
-    return ModelConfig.load(init / "config.json")
+    return cfg
 
 
 def _truncate_log(path: Path, step: int) -> None:
@@ -504,6 +508,7 @@ def export(work: Path, out: Path) -> Path:
         FeatureStats(stats["mean"], stats["std"]),
         Tokenizer(work / "en.model"),
         Tokenizer(work / "de.model"),
+        transcript_pieces=transcript_pieces(work, cfg),
     )
     bundle.save(out)
     return out

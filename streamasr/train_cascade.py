@@ -1,10 +1,11 @@
 """Training the cascade translator: transcript words -> German, prefix-to-prefix wait-k.
 
-Text only: the corpus manifests' (transcript, translation) pairs, the transcript normalized as
-the recognizer writes it, optionally with simulated recognition errors (`WordNoise`). The
-speech model (encoder, CTC head, speech decoder) is kept as it is; the transcript encoder and its decoder are trained, the decoder starting from the speech
-decoder's weights (its German is learnt already). Resumable like `train.train`, and the work
-folder exports the same way.
+Text only: the (transcript, translation) pairs of the corpus manifests or of a Multi30k folder,
+the transcript normalized as the recognizer writes it, optionally with simulated recognition
+errors (`WordNoise`), read as the recognizer's pieces or as pieces of the cascade's own. The
+speech model (encoder, CTC head, speech decoder) is kept as it is; the transcript encoder and its
+decoder are trained, a new decoder starting from the speech decoder's weights (its German is
+learnt already). Resumable like `train.train`, and the work folder exports the same way.
 """
 
 from __future__ import annotations
@@ -14,35 +15,57 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .bundle import load_bundle
+from .bundle import TRANSCRIPT_TOKENIZER, load_bundle, transcript_pieces
 from .config import ModelConfig
-from .decoding import TranscriptWaitKTranslator, translate_segment
+from .corpus import CorpusError, read_multi30k
+from .decoding import (
+    DEFAULT_TRANSLATION,
+    TranscriptWaitKTranslator,
+    TranslationSearch,
+    translate_segment,
+)
 from .manifest import read_manifest
 from .model import SpeechTranslator, wait_k_visible_positions
 from .policy import WaitK
-from .text import Tokenizer, normalize_transcript
+from .text import Tokenizer, normalize_transcript, train_tokenizer
 from .train import TrainConfig, _warm_start_files, run_steps
 
 log = logging.getLogger(__name__)
 
 
-def text_pairs(manifests: Sequence[Path], limit: int | None = None) -> list[tuple[str, str]]:
-    """Distinct (normalized transcript, translation) pairs of the manifests, in first-seen order
-    (a corpus speaks a sentence in several voices; text training needs it once)."""
+def distinct_pairs(
+    pairs: Iterable[tuple[str | None, str | None]], limit: int | None = None
+) -> list[tuple[str, str]]:
+    """Distinct (normalized transcript, translation) pairs, in first-seen order (a corpus speaks
+    a sentence in several voices; text training needs it once); pairs missing a side are left out."""
     seen: dict[tuple[str, str], None] = {}
-    for manifest in manifests:
-        for row in read_manifest(manifest):
-            text = normalize_transcript(row.text or "")
-            if text and row.translation:
-                seen.setdefault((text, row.translation), None)
-    pairs = list(seen)
-    return pairs[:limit] if limit is not None else pairs
+    for text, translation in pairs:
+        text = normalize_transcript(text or "")
+        if text and translation:
+            seen.setdefault((text, translation), None)
+    kept = list(seen)
+    return kept[:limit] if limit is not None else kept
+
+
+def text_pairs(manifests: Sequence[Path], limit: int | None = None) -> list[tuple[str, str]]:
+    """The distinct pairs of corpus manifests."""
+    rows = (row for manifest in manifests for row in read_manifest(manifest))
+    return distinct_pairs(((row.text, row.translation) for row in rows), limit)
+
+
+def multi30k_pairs(folder: Path, split: str, limit: int | None = None) -> list[tuple[str, str]]:
+    """The distinct pairs of a Multi30k folder's split (SPLIT.en, SPLIT.de): the same text as a
+    corpus built from it, without its audio."""
+    english, german = read_multi30k(folder, split)
+    if german is None:
+        raise CorpusError(f"{folder}: no {split}.de or {split}.de.gz beside {split}.en")
+    return distinct_pairs(zip(english, german), limit)
 
 
 class WordNoise:
@@ -124,6 +147,24 @@ def cascade_loss(
     )
 
 
+def translate_transcripts(
+    model: SpeechTranslator,
+    texts: Iterable[str],
+    en: Tokenizer,
+    de: Tokenizer,
+    wait_k: int | None,
+    search: TranslationSearch = DEFAULT_TRANSLATION,
+) -> list[str]:
+    """The cascade's translations of normalized transcripts, each read word by word under wait-k
+    exactly as a stream's committed words are (`en`: the cascade's source pieces)."""
+    policy = WaitK(wait_k, model.cfg.tokens_per_unit)
+    translator = TranscriptWaitKTranslator(model, en, policy, de.bos_id, de.eos_id, search)
+    with torch.no_grad():
+        return [
+            de.decode(translate_segment(translator, [[w] for w in text.split()])) for text in texts
+        ]
+
+
 def validate_cascade(
     model: SpeechTranslator,
     pairs: list[tuple[str, str]],
@@ -137,65 +178,75 @@ def validate_cascade(
 
     model.eval()
     out: dict = {}
-    with torch.no_grad():
-        for name, k in (("3", 3), ("inf", None)):
-            policy = WaitK(k, model.cfg.tokens_per_unit)
-            translator = TranscriptWaitKTranslator(model, en, policy, de.bos_id, de.eos_id)
-            hyps = [
-                de.decode(translate_segment(translator, [[w] for w in text.split()]))
-                for text, _ in pairs
-            ]
-            bleu = sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score
-            out[f"bleu_k{name}{suffix}"] = bleu
-            out[f"example_k{name}{suffix}"] = hyps[0]
+    for name, k in (("3", 3), ("inf", None)):
+        hyps = translate_transcripts(model, [text for text, _ in pairs], en, de, k)
+        out[f"bleu_k{name}{suffix}"] = sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score
+        out[f"example_k{name}{suffix}"] = hyps[0]
     model.train()
     return out
 
 
+# The ModelConfig fields that shape the cascade (the `train --cascade` flags).
+CASCADE_FIELDS = ("transcript_encoder_layers", "transcript_vocab", "cascade_dropout")
+
+
 def train_cascade(
-    corpus: Path,
+    corpus: Path | None,
     work: Path,
     init: Path,
     tcfg: TrainConfig,
-    layers: int,
+    cascade: dict,
     stop_at: int | None = None,
     extra: Sequence[Path] = (),
+    multi30k: Path | None = None,
 ) -> SpeechTranslator:
-    """Train (or resume) the transcript translator of the model in `init` towards tcfg.steps."""
+    """Train (or resume) the transcript translator of the model in `init` towards tcfg.steps.
+
+    `cascade` sets CASCADE_FIELDS. The init's own cascade is trained on when it has that shape
+    (layers and source pieces); otherwise a new one starts, its decoder from the speech decoder.
+    The text pairs come from a Multi30k folder (`multi30k`) or from the corpus manifests."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     ckpt_path = work / "checkpoint.pt"
     fresh = not ckpt_path.exists()
+    if multi30k is not None:
+        pairs = multi30k_pairs(multi30k, "train")
+        val_pairs = multi30k_pairs(multi30k, "val", tcfg.val_utterances)
+    else:
+        pairs = text_pairs([corpus / "train.jsonl"] + [e / "train.jsonl" for e in extra])
+        val_pairs = text_pairs([corpus / "val.jsonl"], tcfg.val_utterances)
     if fresh:
         base = _warm_start_files(init, work)
-        cfg = dataclasses.replace(
-            base,
-            transcript_encoder_layers=base.transcript_encoder_layers or layers,
-            translate_from="transcript",
+        cfg = dataclasses.replace(base, **cascade, translate_from="transcript")
+        same_shape = base.transcript_encoder_layers and all(
+            getattr(base, name) == getattr(cfg, name)
+            for name in ("transcript_encoder_layers", "transcript_vocab")
         )
+        if cfg.transcript_vocab and not same_shape:
+            prefix = work / Path(TRANSCRIPT_TOKENIZER).stem
+            train_tokenizer((t for t, _ in pairs), prefix, cfg.transcript_vocab)
     else:
         cfg = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
-    en, de = Tokenizer(work / "en.model"), Tokenizer(work / "de.model")
-    manifests = [corpus / "train.jsonl"] + [e / "train.jsonl" for e in extra]
-    pairs = text_pairs(manifests)
+    en = transcript_pieces(work, cfg) or Tokenizer(work / "en.model")  # the source pieces
+    de = Tokenizer(work / "de.model")
     items = []
     for text, translation in pairs:
         words = text.split()
         src, ends = en.encode_words(words)
         items.append({"words": words, "src": src, "ends": ends, "tgt": de.encode(translation)})
-    val_pairs = text_pairs([corpus / "val.jsonl"], tcfg.val_utterances)
     noise = None
     if tcfg.source_noise > 0:
-        noise = WordNoise([text for text, _ in pairs])
+        noise = WordNoise([t for t, _ in pairs])
         val_rng = random.Random(0)  # the same noisy validation transcripts at every validation
         noisy_val = [
-            (" ".join(noise(text.split(), tcfg.source_noise / 2, val_rng)), translation)
-            for text, translation in val_pairs
+            (" ".join(noise(t.split(), tcfg.source_noise / 2, val_rng)), translation)
+            for t, translation in val_pairs
         ]
     model = SpeechTranslator(cfg)
     if fresh:
         initial = load_bundle(init).model.state_dict()
-        if not base.transcript_encoder_layers:  # new: its decoder starts as the speech one's
+        if not same_shape:  # a new cascade: its decoder starts as the speech one's
+            initial = {k: v for k, v in initial.items() if not k.startswith("transcript_")}
             initial.update(
                 {f"transcript_{k}": v for k, v in initial.items() if k.startswith("decoder.")}
             )

@@ -7,9 +7,13 @@ import re
 
 import numpy as np
 import pytest
+import sacrebleu
 import soundfile as sf
+from conftest import SENTENCES_DE, SENTENCES_EN
 
+from streamasr.bundle import load_bundle
 from streamasr.cli import main
+from streamasr.train_cascade import translate_transcripts
 
 
 @pytest.fixture
@@ -180,3 +184,30 @@ def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
     assert lines[2].split()[0] == "greedy"
     assert [line.split()[:3] for line in lines[3:5]] == [["4", "0.5", "0"], ["4", "2", "0"]]
     assert lines[5].startswith("best: --beam-size 4")
+
+
+def test_eval_text_scores_the_cascade_on_reference_transcripts(capsys, tmp_path, tiny_bundle_dir):
+    (tmp_path / "val.en").write_text("".join(s + "\n" for s in SENTENCES_EN[:4]))
+    (tmp_path / "val.de").write_text("".join(s + "\n" for s in SENTENCES_DE[:4]))
+    args = ["eval-text", str(tmp_path), "--model", str(tiny_bundle_dir), "--wait-k", "2,inf"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "4 val pairs, reference transcripts"
+    bundle = load_bundle(tiny_bundle_dir)
+    hyps = translate_transcripts(
+        bundle.model, SENTENCES_EN[:4], bundle.transcript_tokenizer, bundle.de, 2
+    )
+    bleu = sacrebleu.corpus_bleu(hyps, [SENTENCES_DE[:4]]).score
+    assert lines[1].startswith(f"k=2: BLEU {bleu:.2f}")
+    assert lines[2].startswith("k=inf: BLEU")
+    assert (
+        main(["eval-text", str(tmp_path), "--split", "test", "--model", str(tiny_bundle_dir)]) == 2
+    )
+    assert "no test.en" in capsys.readouterr().err
+
+
+def test_multi30k_text_is_for_cascade_training(capsys, tmp_path):
+    assert main(["train", "--work", str(tmp_path), "--multi30k", str(tmp_path)]) == 2
+    assert "--multi30k is for --cascade" in capsys.readouterr().err
+    assert main(["train", "--work", str(tmp_path)]) == 2
+    assert "train needs --corpus" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from conftest import SENTENCES_DE, SENTENCES_EN
 
 from streamasr.bundle import load_bundle
 from streamasr.config import ModelConfig
+from streamasr.session import Session, SessionOptions
 from streamasr.train import (
     TrainConfig,
     TrainError,
@@ -25,7 +26,7 @@ from streamasr.train import (
     train,
     train_chunk_frames,
 )
-from streamasr.train_cascade import WordNoise, train_cascade
+from streamasr.train_cascade import WordNoise, multi30k_pairs, text_pairs, train_cascade
 
 TINY = ModelConfig(
     d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, en_vocab=40, de_vocab=60,
@@ -189,9 +190,10 @@ def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(tmp_
     train(corpus, tmp_path / "a", TINY, tcfg)
     folder = export(tmp_path / "a", tmp_path / "model")
     ctcfg = replace(tcfg, steps=4, batch_tokens=60, val_every=2, source_noise=0.5)
-    whole = train_cascade(corpus, tmp_path / "b", folder, ctcfg, layers=1)
-    train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers=1, stop_at=2)  # "killed"
-    resumed = train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers=1)
+    layers = {"transcript_encoder_layers": 1}
+    whole = train_cascade(corpus, tmp_path / "b", folder, ctcfg, layers)
+    train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers, stop_at=2)  # "killed"
+    resumed = train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers)
     assert_same_weights(whole, resumed)
     speech = load_bundle(folder).model
     for name in ("encoder", "ctc_head", "decoder"):
@@ -201,6 +203,42 @@ def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(tmp_
     shipped = load_bundle(export(tmp_path / "b", tmp_path / "cascade_model"))
     assert shipped.config.translate_from == "transcript"
     assert_same_weights(shipped.model, whole)
+
+
+def write_multi30k(folder, corpus) -> None:
+    """A Multi30k folder holding the text of a corpus's train and val manifests."""
+    folder.mkdir()
+    for split in ("train", "val"):
+        rows = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines()]
+        for lang, key in (("en", "text"), ("de", "translation")):
+            (folder / f"{split}.{lang}").write_text("".join(r[key] + "\n" for r in rows))
+
+
+def test_cascade_with_its_own_source_pieces_from_multi30k_text(tmp_path, tone):
+    """--multi30k reads the pairs a corpus's manifests hold; --transcript-vocab gives the cascade
+    a tokenizer of its own, shipped as transcript.model and used by the session; a warm start
+    from that model continues the same cascade."""
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    text = tmp_path / "multi30k"
+    write_multi30k(text, corpus)
+    assert multi30k_pairs(text, "train") == text_pairs([corpus / "train.jsonl"])
+    tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    folder = export(tmp_path / "a", tmp_path / "model")
+    ctcfg = replace(tcfg, steps=2, batch_tokens=60, val_every=2)
+    cascade = {"transcript_encoder_layers": 1, "transcript_vocab": 30, "cascade_dropout": 0.3}
+    model = train_cascade(None, tmp_path / "b", folder, ctcfg, cascade, multi30k=text)
+    bundle = load_bundle(export(tmp_path / "b", tmp_path / "cascade_model"))
+    assert (tmp_path / "cascade_model" / "transcript.model").is_file()
+    assert bundle.transcript_tokenizer is bundle.transcript_pieces
+    assert model.transcript_encoder.embed.num_embeddings == 30 == len(bundle.transcript_pieces)
+    assert model.transcript_encoder.layers[0].dropout.p == 0.3
+    assert model.decoder.layers[0].dropout == TINY.dropout  # the speech decoder keeps its own
+    session = Session(bundle, SessionOptions(wait_k=2, translate_from="transcript"))
+    assert session.translator.en is bundle.transcript_pieces
+    again = train_cascade(None, tmp_path / "c", tmp_path / "cascade_model", ctcfg, cascade,
+                          stop_at=0, multi30k=text)  # fmt: skip
+    assert_same_weights(again, model)  # same shape: the shipped cascade is where it starts
 
 
 def test_word_noise_edits_words_into_similar_ones():
