@@ -224,7 +224,7 @@ def train_cascade(
         )
         if cfg.transcript_vocab and not same_shape:
             prefix = work / Path(TRANSCRIPT_TOKENIZER).stem
-            train_tokenizer((t for t, _ in pairs), prefix, cfg.transcript_vocab)
+            train_tokenizer((text for text, _ in pairs), prefix, cfg.transcript_vocab)
     else:
         cfg = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
     en = transcript_pieces(work, cfg) or Tokenizer(work / "en.model")  # the source pieces
@@ -236,11 +236,11 @@ def train_cascade(
         items.append({"words": words, "src": src, "ends": ends, "tgt": de.encode(translation)})
     noise = None
     if tcfg.source_noise > 0:
-        noise = WordNoise([t for t, _ in pairs])
+        noise = WordNoise([text for text, _ in pairs])
         val_rng = random.Random(0)  # the same noisy validation transcripts at every validation
         noisy_val = [
-            (" ".join(noise(t.split(), tcfg.source_noise / 2, val_rng)), translation)
-            for t, translation in val_pairs
+            (" ".join(noise(text.split(), tcfg.source_noise / 2, val_rng)), translation)
+            for text, translation in val_pairs
         ]
     model = SpeechTranslator(cfg)
     if fresh:
