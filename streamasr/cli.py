@@ -622,6 +622,7 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
             f"{args.model or DEFAULT_MODEL_DIR}: this model has no transcript translator"
         )
     texts, refs = [t for t, _ in pairs], [[r for _, r in pairs]]
+    search = translation_search(args)
     print(f"{len(pairs)} {args.split} pairs, reference transcripts")
     for k in args.wait_k:
         progress = tqdm(texts, desc=f"k={'inf' if k is None else k}", unit="sent", leave=False)
@@ -631,7 +632,7 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
             bundle.transcript_tokenizer,
             bundle.de,
             k,
-            translation_search(args),
+            search,
         )
         bleu, chrf = sacrebleu.corpus_bleu(hyps, refs), sacrebleu.corpus_chrf(hyps, refs)
         print(f"{progress.desc}: BLEU {bleu.score:.2f}  chrF {chrf.score:.2f}")
