@@ -86,8 +86,10 @@ TRAIN_OPTIONS = (
     "full_context_prob",
     "train_chunk_ms",
     "val_utterances",
+    "threads",
 )
 OPTION_HELP = {
+    "threads": "torch threads (default 2: this machine's cores; 1 each for two runs at once)",
     "full_context_prob": "share of batches trained without the chunk mask (default 0.2)",
     "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
     "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
@@ -95,6 +97,8 @@ OPTION_HELP = {
     "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
     "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",
     "cascade_dropout": "--cascade: dropout of the transcript translator (default 0.1)",
+    "lookahead_frames": "right context: encoder frames (40 ms each) every chunk also sees "
+    "after it, for that much latency; with --init, added to the init's model (default 0)",
 }
 MODEL_OPTIONS = (
     "d_model",
@@ -106,6 +110,7 @@ MODEL_OPTIONS = (
     "transcript_encoder_layers",
     "transcript_vocab",
     "cascade_dropout",
+    "lookahead_frames",
 )
 
 

@@ -26,6 +26,9 @@ class ModelConfig:
     conv_kernel: int = 15  # causal depthwise kernel (encoder frames: 600 ms)
     left_context_frames: int = 96  # lookback of chunked attention, encoder frames (3.84 s)
     chunk_frames_choices: tuple[int, ...] = (4, 8, 16, 32)  # dynamic chunks: 160-1280 ms
+    # Right context: every chunk also sees this many encoder frames after it (through one
+    # linear map at the blocks' input), and is emitted that much later.
+    lookahead_frames: int = 0
     decoder_layers: int = 3  # translation decoder blocks
     unit_ms: int = 320  # wait-k source unit: this much encoded audio is one unit
     tokens_per_unit: int = 1  # target tokens written per source unit read

@@ -34,10 +34,16 @@ def sinusoids(length: int, dim: int) -> Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
-def chunk_mask(num_frames: int, chunk_frames: int, left_frames: int, device=None) -> Tensor:
-    """(T, T) bool, True where query t may attend key s: its own chunk and left_frames before it."""
+def chunk_mask(
+    num_frames: int, chunk_frames: int, left_frames: int, device=None, offset: int = 0
+) -> Tensor:
+    """(T, T) bool, True where query t may attend key s: its own chunk and left_frames before it.
+
+    Chunks end where `offset` frames short of a multiple of chunk_frames: with `offset` frames of
+    lookahead, the frames a chunk of audio completes (the first chunk is that much shorter).
+    """
     t = torch.arange(num_frames, device=device)
-    chunk_start = (t // chunk_frames) * chunk_frames  # (T,)
+    chunk_start = ((t + offset) // chunk_frames) * chunk_frames - offset  # (T,)
     own_or_past = t[None, :] < (chunk_start[:, None] + chunk_frames)
     recent = t[None, :] >= (chunk_start[:, None] - left_frames)
     return own_or_past & recent
@@ -125,6 +131,28 @@ class EncoderState:
     subsampling: SubsamplingState
     layers: tuple[LayerState, ...]
     frames_done: int  # encoder frames emitted so far: the absolute position of the next one
+    ahead: Tensor  # (B, n, D): subsampled frames still waiting for their lookahead frames
+    chunk_frames: int  # the chunk grid the blocks run on (0: one piece per step)
+
+
+class Lookahead(nn.Module):
+    """Right context before the attention blocks: each frame adds a linear map of the next
+    `frames` frames. Zero at initialization, so a model warm-started with it begins as its
+    source. The blocks then see at most this far ahead of their chunk, for that much latency.
+    """
+
+    def __init__(self, d_model: int, frames: int):
+        super().__init__()
+        self.frames = frames
+        self.conv = nn.Conv1d(d_model, d_model, frames)
+        nn.init.zeros_(self.conv.weight)
+        nn.init.zeros_(self.conv.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T + frames, D) -> (B, T, D): frames t + 1 .. t + frames added to frame t."""
+        T = x.shape[1] - self.frames
+        ahead = self.conv(x[:, 1:].transpose(1, 2)).transpose(1, 2)  # (B, T, D)
+        return x[:, :T] + ahead
 
 
 class FeedForward(nn.Sequential):
@@ -233,7 +261,8 @@ class EncoderLayer(nn.Module):
 
 
 class StreamingEncoder(nn.Module):
-    """Features -> encoder frames; a frame sees its chunk and left_context_frames before it."""
+    """Features -> encoder frames; a frame sees its chunk and left_context_frames before it,
+    and, with lookahead_frames, that many frames after its chunk (through `Lookahead`)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -241,6 +270,8 @@ class StreamingEncoder(nn.Module):
         self.subsampling = CausalSubsampling(
             cfg.n_mels, cfg.d_model, cfg.subsampling_layers, cfg.subsampling_channels
         )
+        self.ahead = cfg.lookahead_frames
+        self.lookahead = Lookahead(cfg.d_model, self.ahead) if self.ahead else None
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
 
@@ -253,9 +284,14 @@ class StreamingEncoder(nn.Module):
         """
         x = self.subsampling(feats)
         lengths = feat_lengths // self.subsampling.factor
-        T = x.shape[1]
+        B, T, D = x.shape
+        if self.lookahead is not None:  # past the end, a stream's lookahead reads zeros
+            x = x * lengths_to_mask(lengths, T)[:, :, None]
+            x = self.lookahead(torch.cat([x, x.new_zeros(B, self.ahead, D)], dim=1))
         if chunk_frames > 0:
-            allowed = chunk_mask(T, chunk_frames, self.cfg.left_context_frames, x.device)[None]
+            allowed = chunk_mask(
+                T, chunk_frames, self.cfg.left_context_frames, x.device, offset=self.ahead
+            )[None]
         else:
             allowed = torch.ones(1, T, T, dtype=torch.bool, device=x.device)
         allowed = allowed & lengths_to_mask(lengths, T)[:, None, :]
@@ -265,8 +301,11 @@ class StreamingEncoder(nn.Module):
             x = layer(x, allowed)
         return self.norm(x), lengths
 
-    def init_state(self, batch: int = 1, device=None) -> EncoderState:
+    def init_state(self, batch: int = 1, device=None, chunk_frames: int = 0) -> EncoderState:
+        """chunk_frames: the chunk size of the stream, needed with lookahead_frames."""
         cfg, head_dim = self.cfg, self.cfg.d_model // self.cfg.n_heads
+        if self.ahead and chunk_frames <= 0:
+            raise ValueError("a model with lookahead frames needs the stream's chunk_frames")
         empty = torch.zeros(batch, cfg.n_heads, 0, head_dim, device=device)
         tail = torch.zeros(batch, cfg.conv_kernel - 1, cfg.d_model, device=device)
         layer = LayerState(keys=empty, values=empty, conv_tail=tail)
@@ -274,20 +313,60 @@ class StreamingEncoder(nn.Module):
             subsampling=self.subsampling.init_state(batch, device),
             layers=tuple(layer for _ in self.layers),
             frames_done=0,
+            ahead=torch.zeros(batch, 0, cfg.d_model, device=device),
+            chunk_frames=chunk_frames,
         )
 
-    def step(self, feats: Tensor, state: EncoderState) -> tuple[Tensor, EncoderState]:
-        """One chunk: (B, C * subsampling, n_mels) -> (B, C, D); C at most the chunk size."""
-        x, sub_state = self.subsampling.step(feats, state.subsampling)
-        layers = []
-        for layer, layer_state in zip(self.layers, state.layers):
-            x, new_state = layer.step(
-                x, layer_state, state.frames_done, self.cfg.left_context_frames
-            )
-            layers.append(new_state)
-        return self.norm(x), EncoderState(
-            subsampling=sub_state, layers=tuple(layers), frames_done=state.frames_done + x.shape[1]
+    def step(
+        self, feats: Tensor, state: EncoderState, final: bool = False
+    ) -> tuple[Tensor, EncoderState]:
+        """Features (B, n * subsampling, n_mels) -> the encoder frames they complete (B, n', D).
+
+        With the state's chunk_frames, a frame is complete once its chunk of the grid and its
+        lookahead frames have arrived, so any piece sizes give the same frames; the others
+        wait in the state. On the `final` step (the end of the stream; n may be 0) every frame
+        left is complete. Without chunk_frames, each step is one chunk (n at most its size).
+        """
+        if feats.shape[1]:
+            x, sub_state = self.subsampling.step(feats, state.subsampling)
+        else:
+            x, sub_state = state.ahead[:, :0], state.subsampling
+        x = torch.cat([state.ahead, x], dim=1)
+        ready = x.shape[1]
+        if not final:
+            ready = max(0, ready - self.ahead)
+            if state.chunk_frames > 0:  # back to the last chunk boundary of the grid
+                end, size = state.frames_done + ready, state.chunk_frames
+                ready = max(0, (end + self.ahead) // size * size - self.ahead - state.frames_done)
+        ahead = x[:, ready:]
+        if self.lookahead is not None and ready:
+            padded = torch.cat([x, x.new_zeros(x.shape[0], self.ahead, x.shape[2])], dim=1)
+            x = self.lookahead(padded[:, : ready + self.ahead])
+        else:
+            x = x[:, :ready]
+        pieces, layers, start = [], list(state.layers), state.frames_done
+        for piece in self._grid_pieces(x, start, state.chunk_frames):
+            for i, layer in enumerate(self.layers):
+                piece, layers[i] = layer.step(piece, layers[i], start, self.cfg.left_context_frames)
+            pieces.append(piece)
+            start += piece.shape[1]
+        x = torch.cat(pieces, dim=1) if pieces else x
+        new_state = replace(
+            state, subsampling=sub_state, layers=tuple(layers), frames_done=start, ahead=ahead
         )
+        return self.norm(x), new_state
+
+    def _grid_pieces(self, x: Tensor, start: int, chunk_frames: int) -> list[Tensor]:
+        """Split frames starting at absolute position `start` where the chunk grid does."""
+        if chunk_frames <= 0:
+            return [x] if x.shape[1] else []
+        pieces, done = [], 0
+        while done < x.shape[1]:
+            position = start + done
+            to_boundary = chunk_frames - (position + self.ahead) % chunk_frames
+            pieces.append(x[:, done : done + to_boundary])
+            done += pieces[-1].shape[1]
+        return pieces
 
 
 # --------------------------------------------------------------------------- decoder

@@ -195,7 +195,7 @@ class Session:
         self.features = StreamingLogMel(LogMel(cfg.feature_config()))
         self.feature_state = self.features.init_state()
         self.pending_feats = torch.zeros(0, cfg.n_mels)
-        self.encoder_state = bundle.model.encoder.init_state()
+        self.encoder_state = bundle.model.encoder.init_state(chunk_frames=self.chunk_frames)
         self.ctc_state = CtcState()
         self.beam = bundle.beam_search(options.beam)
         self.clock = VirtualClock() if clock == "virtual" else WallClock()
@@ -254,12 +254,14 @@ class Session:
 
     @torch.inference_mode()
     def finish(self) -> list[Event]:
-        """End of stream: encode what is left (whole encoder frames), close the open segment."""
+        """End of stream: encode what is left (whole encoder frames, and the frames still
+        waiting for lookahead), close the open segment."""
         if self.finished:
             return []
         sub = self.bundle.config.subsampling
         usable = self.pending_feats.shape[0] // sub * sub
-        events = self._process_chunk(usable, self.audio_ms) if usable else []
+        waiting = self.encoder_state.ahead.shape[1]
+        events = self._process_chunk(usable, self.audio_ms, final=True) if usable or waiting else []
         self.clock.start_chunk(self.audio_ms)
         events += self._close_segment(self.audio_ms)
         self.clock.end_chunk()
@@ -272,17 +274,21 @@ class Session:
         """Audio needed to compute the features up to this chunk's last frame (causal frames)."""
         return (self.feature_frames_used + feature_frames) * self.features.logmel.config.hop_ms
 
-    def _process_chunk(self, feature_frames: int, delay_ms: float) -> list[Event]:
+    def _process_chunk(
+        self, feature_frames: int, delay_ms: float, final: bool = False
+    ) -> list[Event]:
         model, cfg = self.bundle.model, self.bundle.config
         self.clock.start_chunk(delay_ms)
         t0 = time.perf_counter()
         feats = self.bundle.stats.normalize(self.pending_feats[:feature_frames])
         self.pending_feats = self.pending_feats[feature_frames:]
         self.feature_frames_used += feature_frames
-        frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state)
+        frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state, final)
         first_frame = self.encoder_state.frames_done - frames.shape[1]
-        events = self._transcript(model.ctc_log_probs(frames)[0], first_frame, delay_ms)
-        events += self._translate(frames, first_frame, delay_ms, self._new_words(events))
+        events: list[Event] = []
+        if frames.shape[1]:  # with lookahead, a stream's first chunk may complete no frame
+            events = self._transcript(model.ctc_log_probs(frames)[0], first_frame, delay_ms)
+            events += self._translate(frames, first_frame, delay_ms, self._new_words(events))
         seg = self.segment
         silence_ms = self.ctc_state.trailing_blank_frames * cfg.frame_ms
         too_long = seg.frames * cfg.frame_ms >= self.options.max_segment_ms

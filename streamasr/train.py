@@ -15,7 +15,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -334,12 +334,19 @@ def train(
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     if init is not None and not (work / "checkpoint.pt").exists():
-        cfg = _warm_start_files(init, work)
+        # The init's shape, with lookahead frames added when asked for (they start at zero).
+        init_cfg = _warm_start_files(init, work)
+        cfg = replace(init_cfg, lookahead_frames=cfg.lookahead_frames or init_cfg.lookahead_frames)
     chunk_choices = train_chunk_frames(cfg, tcfg)
     train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances, extra)
     model = SpeechTranslator(cfg)
     if init is not None and not (work / "checkpoint.pt").exists():
-        model.load_state_dict(load_bundle(init).model.state_dict())
+        source = load_bundle(init).model
+        missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
+        if unexpected or any(not name.startswith("encoder.lookahead.") for name in missing):
+            raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
+        if missing:
+            log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)
     if (work / "checkpoint.pt").exists():
         saved = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
         if saved != cfg:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -29,6 +31,79 @@ def test_encoder_step_equals_forward_under_chunk_mask(tiny_model, chunk_frames):
     assert (streamed - full).abs().max().item() <= 1e-4
     # Caches stay bounded by the lookback however long the stream ran.
     assert all(layer.keys.shape[2] <= tiny_model.cfg.left_context_frames for layer in state.layers)
+
+
+def _with_lookahead(cfg, frames):
+    from dataclasses import replace
+
+    from streamasr.model import SpeechTranslator
+
+    torch.manual_seed(0)
+    model = SpeechTranslator(replace(cfg, lookahead_frames=frames)).eval()
+    with torch.no_grad():  # Lookahead starts at zero; random weights make it count here
+        for param in model.encoder.lookahead.parameters():
+            param.normal_(0, 0.2)
+    return model
+
+
+@pytest.mark.parametrize("chunk_frames, ahead", [(2, 1), (4, 2), (4, 4), (2, 5), (4, 0)])
+@pytest.mark.parametrize("piece_frames", [None, 3])
+def test_encoder_step_with_lookahead_equals_forward(tiny_config, chunk_frames, ahead, piece_frames):
+    """Chunk by chunk (or in pieces of 3 frames, across chunk boundaries), then the end."""
+    model = _with_lookahead(tiny_config, ahead) if ahead else _plain(tiny_config)
+    torch.manual_seed(1)
+    sub, num_frames = model.encoder.subsampling.factor, 37
+    step = piece_frames or chunk_frames
+    feats = torch.randn(1, num_frames * sub, tiny_config.n_mels)
+    with torch.no_grad():
+        full, _ = model.encoder(feats, torch.tensor([num_frames * sub]), chunk_frames)
+        state = model.encoder.init_state(chunk_frames=chunk_frames)
+        pieces, emitted = [], []
+        for start in range(0, num_frames, step):
+            stop = min(start + step, num_frames)
+            out, state = model.encoder.step(feats[:, start * sub : stop * sub], state)
+            pieces.append(out)
+            emitted.append((stop, state.frames_done))
+        out, state = model.encoder.step(feats[:, :0], state, final=True)
+        pieces.append(out)
+    streamed = torch.cat(pieces, dim=1)
+    assert streamed.shape[1] == num_frames == state.frames_done
+    assert (streamed - full).abs().max().item() <= 1e-4
+    # Audio up to frame `stop` completes the chunks of the grid that end `ahead` before it.
+    for stop, done in emitted:
+        assert done == max(0, (stop // chunk_frames) * chunk_frames - ahead)
+    assert all(layer.keys.shape[2] <= tiny_config.left_context_frames for layer in state.layers)
+
+
+def _plain(cfg):
+    from streamasr.model import SpeechTranslator
+
+    torch.manual_seed(0)
+    return SpeechTranslator(cfg).eval()
+
+
+def test_lookahead_sees_ahead_and_starts_as_identity(tiny_config):
+    from streamasr.model import SpeechTranslator
+
+    torch.manual_seed(2)
+    feats = torch.randn(1, 64, tiny_config.n_mels)
+    lengths = torch.tensor([64])
+    model = _with_lookahead(tiny_config, 2)
+    changed = feats.clone()
+    changed[:, 36:40] += 1.0  # encoder frame 9: one frame into the next chunk of 8 (offset 2)
+    with torch.no_grad():
+        before, _ = model.encoder(feats, lengths, 8)
+        after, _ = model.encoder(changed, lengths, 8)
+        torch.manual_seed(0)
+        plain = SpeechTranslator(tiny_config).eval()
+        fresh = SpeechTranslator(dataclasses.replace(tiny_config, lookahead_frames=2)).eval()
+        fresh.load_state_dict(plain.state_dict(), strict=False)
+        assert torch.equal(
+            fresh.encoder(feats, lengths, -1)[0], plain.encoder(feats, lengths, -1)[0]
+        )
+    moved = (after - before).abs().amax(dim=-1)[0]
+    assert moved[:5].max() == 0  # chunk [0, 6) ends before frame 9 and its 2 lookahead frames
+    assert moved[5] == 0 and moved[6:].min() > 0  # frame 5 looks at 6, 7; chunk [6, 14) sees 9
 
 
 def test_encoder_padding_does_not_change_valid_frames(tiny_model):

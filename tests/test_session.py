@@ -135,3 +135,38 @@ def test_wall_clock_never_dates_the_stream_after_its_audio(monkeypatch):
     clock.audio_arrived(650.0)  # on time from here: the estimate stays
     assert clock.now_ms() == pytest.approx(650.0)
     assert clock.t0 == pytest.approx(9.5)
+
+
+@pytest.fixture(scope="module")
+def lookahead_bundle(tiny_bundle):
+    """The tiny bundle with 3 frames of lookahead, its weights random (they start at zero)."""
+    import dataclasses
+
+    import torch
+
+    from streamasr.model import SpeechTranslator
+
+    cfg = dataclasses.replace(tiny_bundle.config, lookahead_frames=3)
+    model = SpeechTranslator(cfg).eval()
+    model.load_state_dict(tiny_bundle.model.state_dict(), strict=False)
+    with torch.no_grad():
+        model.encoder.lookahead.conv.weight.normal_(
+            0, 0.05, generator=torch.Generator().manual_seed(0)
+        )
+    return dataclasses.replace(tiny_bundle, config=cfg, model=model)
+
+
+@pytest.mark.parametrize("chunk_ms", [160, 320])
+def test_lookahead_session_equals_the_whole_pass(lookahead_bundle, tone, chunk_ms):
+    from streamasr.decoding import ctc_greedy_tokens
+    from streamasr.evaluate import ctc_log_probs
+
+    audio = np.concatenate([tone, np.zeros(16000, np.float32), tone])
+    results = [run(lookahead_bundle, audio, n, chunk_ms=chunk_ms) for n in (160, 16000)]
+    assert texts(results[0][1]) == texts(results[1][1])
+    session = results[0][0]
+    chunk_frames = lookahead_bundle.config.chunk_frames(chunk_ms)
+    log_probs = ctc_log_probs(lookahead_bundle, audio, chunk_frames)[0]
+    assert session.encoder_state.frames_done == log_probs.shape[0]
+    whole = lookahead_bundle.en.decode(ctc_greedy_tokens(log_probs)).split()
+    assert [w.text for w in session.transcript_words] == whole != []

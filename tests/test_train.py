@@ -97,6 +97,29 @@ def test_warm_start_from_a_model_folder(tmp_path, tone):
     assert_same_weights(first, second)  # lr 0: the warm start is exactly the exported weights
 
 
+def test_warm_start_adds_lookahead_at_zero_then_learns_it(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, replace(tcfg, lr=0.0))
+    folder = export(tmp_path / "a", tmp_path / "model")
+    asked = replace(ModelConfig(), lookahead_frames=2)
+    still = train(corpus, tmp_path / "b", asked, replace(tcfg, lr=0.0), init=folder)
+    plain = load_bundle(folder).model
+    assert still.cfg == replace(TINY, lookahead_frames=2)
+    feats, lengths = torch.randn(1, 200, 80), torch.tensor([200])
+    with torch.no_grad():  # at zero the added map changes nothing (the chunk grid moves)
+        full = still.eval().encoder(feats, lengths, -1)[0]
+        assert torch.equal(full, plain.encoder(feats, lengths, -1)[0])
+    learnt = train(corpus, tmp_path / "c", asked, tcfg, init=folder)
+    assert learnt.encoder.lookahead.conv.weight.abs().max() > 0
+    exported = load_bundle(export(tmp_path / "c", tmp_path / "model_c"))
+    assert exported.config.lookahead_frames == 2  # and a warm start from it keeps it
+    again = train(
+        corpus, tmp_path / "d", ModelConfig(), replace(tcfg, lr=0.0), init=tmp_path / "model_c"
+    )
+    assert_same_weights(exported.model, again)
+
+
 def test_frozen_encoder_trains_the_decoder_only(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
     tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
