@@ -131,7 +131,7 @@ class EncoderState:
     subsampling: SubsamplingState
     layers: tuple[LayerState, ...]
     frames_done: int  # encoder frames emitted so far: the absolute position of the next one
-    ahead: Tensor  # (B, n, D): subsampled frames still waiting for their lookahead frames
+    ahead: Tensor  # (B, n, D): subsampled frames not yet complete (their chunk or lookahead)
     chunk_frames: int  # the chunk grid the blocks run on (0: one piece per step)
 
 
