@@ -333,21 +333,25 @@ def train(
     `extra` corpora add their train splits to the training data."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
-    if init is not None and not (work / "checkpoint.pt").exists():
-        # The init's shape, with lookahead frames added when asked for (they start at zero).
-        init_cfg = _warm_start_files(init, work)
+    resuming = (work / "checkpoint.pt").exists()
+    if init is not None:
+        # The init's shape, with lookahead frames added when asked for (they start at zero);
+        # a resumed warm start has the same shape, so it passes the check below.
+        init_cfg = ModelConfig.load(init / "config.json")
         cfg = replace(init_cfg, lookahead_frames=cfg.lookahead_frames or init_cfg.lookahead_frames)
+        if not resuming:
+            _warm_start_files(init, work)
     chunk_choices = train_chunk_frames(cfg, tcfg)
     train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances, extra)
     model = SpeechTranslator(cfg)
-    if init is not None and not (work / "checkpoint.pt").exists():
+    if init is not None and not resuming:
         source = load_bundle(init).model
         missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
         if unexpected or any(not name.startswith("encoder.lookahead.") for name in missing):
             raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
         if missing:
             log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)
-    if (work / "checkpoint.pt").exists():
+    if resuming:
         saved = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
         if saved != cfg:
             raise TrainError(

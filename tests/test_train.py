@@ -120,6 +120,20 @@ def test_warm_start_adds_lookahead_at_zero_then_learns_it(tmp_path, tone):
     assert_same_weights(exported.model, again)
 
 
+def test_a_killed_warm_start_resumes_exactly(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    folder = export(tmp_path / "a", tmp_path / "model")
+    asked, tcfg = replace(ModelConfig(), lookahead_frames=2), replace(tcfg, steps=3, ckpt_every=1)
+    straight = train(corpus, tmp_path / "b", asked, tcfg, init=folder)
+    train(corpus, tmp_path / "c", asked, tcfg, init=folder, stop_at=1)
+    resumed = train(corpus, tmp_path / "c", asked, tcfg, init=folder)  # the same command again
+    assert_same_weights(straight, resumed)
+    with pytest.raises(TrainError, match="another model shape"):
+        train(corpus, tmp_path / "c", replace(asked, lookahead_frames=3), tcfg, init=folder)
+
+
 def test_frozen_encoder_trains_the_decoder_only(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
     tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
