@@ -285,8 +285,9 @@ class StreamingEncoder(nn.Module):
         x = self.subsampling(feats)
         lengths = feat_lengths // self.subsampling.factor
         B, T, D = x.shape
+        valid = lengths_to_mask(lengths, T)  # (B, T)
         if self.lookahead is not None:  # past the end, a stream's lookahead reads zeros
-            x = x * lengths_to_mask(lengths, T)[:, :, None]
+            x = x * valid[:, :, None]
             x = self.lookahead(torch.cat([x, x.new_zeros(B, self.ahead, D)], dim=1))
         if chunk_frames > 0:
             allowed = chunk_mask(
@@ -294,7 +295,7 @@ class StreamingEncoder(nn.Module):
             )[None]
         else:
             allowed = torch.ones(1, T, T, dtype=torch.bool, device=x.device)
-        allowed = allowed & lengths_to_mask(lengths, T)[:, None, :]
+        allowed = allowed & valid[:, None, :]
         # Padded queries may have no valid key left; their own position keeps softmax finite.
         allowed = (allowed | torch.eye(T, dtype=torch.bool, device=x.device)[None])[:, None]
         for layer in self.layers:

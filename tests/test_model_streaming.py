@@ -48,9 +48,11 @@ def _with_lookahead(cfg, frames):
 
 @pytest.mark.parametrize("chunk_frames, ahead", [(2, 1), (4, 2), (4, 4), (2, 5), (4, 0)])
 @pytest.mark.parametrize("piece_frames", [None, 3])
-def test_encoder_step_with_lookahead_equals_forward(tiny_config, chunk_frames, ahead, piece_frames):
+def test_encoder_step_with_lookahead_equals_forward(
+    tiny_config, tiny_model, chunk_frames, ahead, piece_frames
+):
     """Chunk by chunk (or in pieces of 3 frames, across chunk boundaries), then the end."""
-    model = _with_lookahead(tiny_config, ahead) if ahead else _plain(tiny_config)
+    model = _with_lookahead(tiny_config, ahead) if ahead else tiny_model
     torch.manual_seed(1)
     sub, num_frames = model.encoder.subsampling.factor, 37
     step = piece_frames or chunk_frames
@@ -73,13 +75,6 @@ def test_encoder_step_with_lookahead_equals_forward(tiny_config, chunk_frames, a
     for stop, done in emitted:
         assert done == max(0, (stop // chunk_frames) * chunk_frames - ahead)
     assert all(layer.keys.shape[2] <= tiny_config.left_context_frames for layer in state.layers)
-
-
-def _plain(cfg):
-    from streamasr.model import SpeechTranslator
-
-    torch.manual_seed(0)
-    return SpeechTranslator(cfg).eval()
 
 
 def test_lookahead_sees_ahead_and_starts_as_identity(tiny_config):
