@@ -31,6 +31,10 @@ class ModelConfig:
     lookahead_frames: int = 0
     decoder_layers: int = 3  # translation decoder blocks
     unit_ms: int = 320  # wait-k source unit: this much encoded audio is one unit
+    # The first unit is this many frames shorter, so that with a lookahead of as many frames
+    # the units end where unit_ms of audio completes frames (unit j at j * unit_frames - shift)
+    # rather than a chunk later. `streamasr train` sets it to the lookahead (below unit_frames).
+    unit_shift_frames: int = 0
     tokens_per_unit: int = 1  # target tokens written per source unit read
     wait_k_choices: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9, 0)  # sampled in training; 0 = inf
     en_vocab: int = 128  # transcript sentencepiece size (id 0 = CTC blank)
@@ -52,6 +56,8 @@ class ModelConfig:
             raise ValueError(f"translate_from must be one of {TRANSLATION_SOURCES}")
         if self.translate_from == "transcript" and not self.transcript_encoder_layers:
             raise ValueError("translate_from='transcript' needs transcript_encoder_layers > 0")
+        if not 0 <= self.unit_shift_frames < self.unit_frames:
+            raise ValueError(f"unit_shift_frames must be in [0, {self.unit_frames})")
 
     @property
     def subsampling(self) -> int:
@@ -64,6 +70,10 @@ class ModelConfig:
     @property
     def unit_frames(self) -> int:
         return self.unit_ms // self.frame_ms
+
+    def unit_end(self, j: int) -> int:
+        """The frame count just after speech unit j (1-based) of a segment."""
+        return j * self.unit_frames - self.unit_shift_frames
 
     @property
     def cascade_source_vocab(self) -> int:

@@ -362,13 +362,13 @@ class SpeechWaitKTranslator(WaitKTranslator):
         search: TranslationSearch = DEFAULT_TRANSLATION,
     ):
         super().__init__(model.decoder, policy, bos_id, eos_id, search)
-        self.unit_frames = model.cfg.unit_frames
+        self.cfg = model.cfg
 
     def read(self, frames: Tensor, state: TranslatorState) -> TranslatorState:
         """Append encoder frames (1, C, D) of the current segment."""
         total = state.memory_read + frames.shape[1]
-        first = len(state.unit_ends) + 1
-        ends = list(range(first * self.unit_frames, total + 1, self.unit_frames))
+        first = self.cfg.unit_end(len(state.unit_ends) + 1)
+        ends = list(range(first, total + 1, self.cfg.unit_frames))
         return self._extend(frames, ends, state)
 
 
@@ -419,4 +419,6 @@ def translate_segment(translator: WaitKTranslator, units: list) -> list[int]:
 
 def speech_units(model: SpeechTranslator, memory: Tensor) -> list[Tensor]:
     """An encoded segment (1, S, D) cut into its wait-k units (the last one may be partial)."""
-    return list(memory.split(model.cfg.unit_frames, dim=1))
+    cfg, total = model.cfg, memory.shape[1]
+    ends = list(range(cfg.unit_end(1), total, cfg.unit_frames)) + [total]
+    return list(memory.split([b - a for a, b in zip([0] + ends, ends)], dim=1))

@@ -379,17 +379,19 @@ def wait_k_visible_frames(
     wait_k: int | None,
     unit_frames: int,
     tokens_per_unit: int,
+    unit_shift_frames: int = 0,
 ) -> Tensor:
     """(B,) source lengths -> (B, U) frames target token i may see under wait-k.
 
-    Token i (0-based) is written once k + i // tokens_per_unit units are read; wait_k=None is
-    full context. Never fewer than one frame, never more than the source.
+    Token i (0-based) is written once k + i // tokens_per_unit units are read (unit j ends at
+    frame j * unit_frames - unit_shift_frames); wait_k=None is full context. Never fewer than
+    one frame, never more than the source.
     """
     if wait_k is None:
         return source_frames[:, None].expand(-1, num_targets)
     i = torch.arange(num_targets, device=source_frames.device)
     units = wait_k + torch.div(i, tokens_per_unit, rounding_mode="floor")
-    frames = units[None, :] * unit_frames
+    frames = units[None, :] * unit_frames - unit_shift_frames
     return torch.minimum(frames, source_frames[:, None]).clamp_min(1)
 
 

@@ -266,7 +266,8 @@ def loss_on_batch(
         ) / en_lengths.sum().clamp_min(1)
     cfg = model.cfg
     visible = wait_k_visible_frames(
-        de_in.shape[1], frame_lengths, wait_k, cfg.unit_frames, cfg.tokens_per_unit
+        de_in.shape[1], frame_lengths, wait_k, cfg.unit_frames, cfg.tokens_per_unit,
+        cfg.unit_shift_frames,
     )
     memory = frames.detach() if tcfg.mt_detach else frames
     logits = model.decoder(de_in, memory, visible)
@@ -341,6 +342,17 @@ def train(
         cfg = replace(init_cfg, lookahead_frames=cfg.lookahead_frames or init_cfg.lookahead_frames)
         if not resuming:
             _warm_start_files(init, work)
+    # Speech units end where unit_ms of audio completes frames: the lookahead's frames later
+    # (a run resumed from before that keeps its own units).
+    shift = min(cfg.lookahead_frames, cfg.unit_frames - 1)
+    if resuming:
+        saved = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
+        shift = saved.unit_shift_frames
+        if saved != replace(cfg, unit_shift_frames=shift):
+            raise TrainError(
+                f"{work} holds a checkpoint of another model shape ({saved}); pass the same options"
+            )
+    cfg = replace(cfg, unit_shift_frames=shift)
     chunk_choices = train_chunk_frames(cfg, tcfg)
     train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances, extra)
     model = SpeechTranslator(cfg)
@@ -351,12 +363,6 @@ def train(
             raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
         if missing:
             log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)
-    if resuming:
-        saved = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
-        if saved != cfg:
-            raise TrainError(
-                f"{work} holds a checkpoint of another model shape ({saved}); pass the same options"
-            )
     log.info(
         "model: %.2f M parameters; %d train utterances",
         model.num_parameters / 1e6,

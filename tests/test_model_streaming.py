@@ -142,10 +142,17 @@ def test_wait_k_visible_frames():
     visible = wait_k_visible_frames(5, torch.tensor([10]), 2, unit_frames=4, tokens_per_unit=2)
     assert visible.tolist() == [[8, 8, 10, 10, 10]]
     assert wait_k_visible_frames(3, torch.tensor([7]), None, 4, 1).tolist() == [[7, 7, 7]]
+    # The first unit 3 frames short: units end at frames 1, 5, 9, ...
+    shifted = wait_k_visible_frames(4, torch.tensor([10]), 1, 4, 1, unit_shift_frames=3)
+    assert shifted.tolist() == [[1, 5, 9, 10]]
 
 
+@pytest.mark.parametrize("shift", [0, 5])
 @pytest.mark.parametrize("wait_k", [1, 2, None])
-def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_model, wait_k):
+def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_config, wait_k, shift):
+    """Also with the first unit shortened (`unit_shift_frames`, units that follow a lookahead)."""
+    from dataclasses import replace
+
     from streamasr.decoding import (
         DEFAULT_TRANSLATION,
         SpeechWaitKTranslator,
@@ -156,17 +163,23 @@ def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_model, wait_k):
     )
     from streamasr.policy import WaitK
 
+    from streamasr.model import SpeechTranslator
+
+    torch.manual_seed(0)
+    tiny_model = SpeechTranslator(replace(tiny_config, unit_shift_frames=shift)).eval()
     torch.manual_seed(4)
     cfg, bos, eos = tiny_model.cfg, 1, 2
-    memory = torch.randn(1, 23, cfg.d_model)  # 5 units of 4 frames and a partial one
+    memory = torch.randn(1, 23, cfg.d_model)  # units of 8 frames (the first 8 - shift), partial last
+    units = speech_units(tiny_model, memory)
+    assert [u.shape[1] for u in units] == ([8, 8, 7] if shift == 0 else [3, 8, 8, 4])
     with torch.no_grad():
         greedy = TranslationSearch(beam=1)
         translator = SpeechWaitKTranslator(tiny_model, WaitK(wait_k), bos, eos, greedy)
-        fast = translate_segment(translator, speech_units(tiny_model, memory))
+        fast = translate_segment(translator, units)
         tokens, unit = [bos], cfg.unit_frames
-        full_units = memory.shape[1] // unit
+        full_units = (memory.shape[1] + shift) // unit
         for i in range(len(fast) + 1):
-            visible = wait_k_visible_frames(i + 1, torch.tensor([23]), wait_k, unit, 1)
+            visible = wait_k_visible_frames(i + 1, torch.tensor([23]), wait_k, unit, 1, shift)
             logits = tiny_model.decoder(torch.tensor([tokens]), memory, visible)[0, -1]
             logits[[0, bos]] = float("-inf")
             logits[repeating_tokens(tokens[1:], DEFAULT_TRANSLATION.no_repeat_ngram)] = float(

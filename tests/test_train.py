@@ -105,7 +105,8 @@ def test_warm_start_adds_lookahead_at_zero_then_learns_it(tmp_path, tone):
     asked = replace(ModelConfig(), lookahead_frames=2)
     still = train(corpus, tmp_path / "b", asked, replace(tcfg, lr=0.0), init=folder)
     plain = load_bundle(folder).model
-    assert still.cfg == replace(TINY, lookahead_frames=2)
+    # speech units now end where 320 ms of audio completes frames: the first is 2 frames short
+    assert still.cfg == replace(TINY, lookahead_frames=2, unit_shift_frames=2)
     feats, lengths = torch.randn(1, 200, 80), torch.tensor([200])
     with torch.no_grad():  # at zero the added map changes nothing (the chunk grid moves)
         full = still.eval().encoder(feats, lengths, -1)[0]
@@ -113,7 +114,7 @@ def test_warm_start_adds_lookahead_at_zero_then_learns_it(tmp_path, tone):
     learnt = train(corpus, tmp_path / "c", asked, tcfg, init=folder)
     assert learnt.encoder.lookahead.conv.weight.abs().max() > 0
     exported = load_bundle(export(tmp_path / "c", tmp_path / "model_c"))
-    assert exported.config.lookahead_frames == 2  # and a warm start from it keeps it
+    assert exported.config.lookahead_frames == exported.config.unit_shift_frames == 2
     again = train(
         corpus, tmp_path / "d", ModelConfig(), replace(tcfg, lr=0.0), init=tmp_path / "model_c"
     )
@@ -132,6 +133,21 @@ def test_a_killed_warm_start_resumes_exactly(tmp_path, tone):
     assert_same_weights(straight, resumed)
     with pytest.raises(TrainError, match="another model shape"):
         train(corpus, tmp_path / "c", replace(asked, lookahead_frames=3), tcfg, init=folder)
+
+
+def test_a_run_begun_before_shifted_units_resumes_with_its_own(tmp_path, tone):
+    """A lookahead run whose config.json predates `unit_shift_frames` resumes with units of
+    whole unit_ms blocks, as it began."""
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, ckpt_every=1)
+    asked = replace(TINY, lookahead_frames=2)
+    train(corpus, tmp_path / "a", asked, tcfg, stop_at=1)
+    saved_path = tmp_path / "a" / "config.json"
+    saved = json.loads(saved_path.read_text())
+    del saved["model"]["unit_shift_frames"]
+    saved_path.write_text(json.dumps(saved))
+    resumed = train(corpus, tmp_path / "a", asked, tcfg)
+    assert resumed.cfg == replace(asked, unit_shift_frames=0)
 
 
 def test_frozen_encoder_trains_the_decoder_only(tmp_path, tone):
