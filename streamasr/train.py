@@ -266,7 +266,11 @@ def loss_on_batch(
         ) / en_lengths.sum().clamp_min(1)
     cfg = model.cfg
     visible = wait_k_visible_frames(
-        de_in.shape[1], frame_lengths, wait_k, cfg.unit_frames, cfg.tokens_per_unit,
+        de_in.shape[1],
+        frame_lengths,
+        wait_k,
+        cfg.unit_frames,
+        cfg.tokens_per_unit,
         cfg.unit_shift_frames,
     )
     memory = frames.detach() if tcfg.mt_detach else frames

@@ -161,15 +161,16 @@ def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_config, wait_k, 
         speech_units,
         translate_segment,
     )
-    from streamasr.policy import WaitK
-
     from streamasr.model import SpeechTranslator
+    from streamasr.policy import WaitK
 
     torch.manual_seed(0)
     tiny_model = SpeechTranslator(replace(tiny_config, unit_shift_frames=shift)).eval()
     torch.manual_seed(4)
     cfg, bos, eos = tiny_model.cfg, 1, 2
-    memory = torch.randn(1, 23, cfg.d_model)  # units of 8 frames (the first 8 - shift), partial last
+    memory = torch.randn(
+        1, 23, cfg.d_model
+    )  # units of 8 frames (the first 8 - shift), partial last
     units = speech_units(tiny_model, memory)
     assert [u.shape[1] for u in units] == ([8, 8, 7] if shift == 0 else [3, 8, 8, 4])
     with torch.no_grad():
@@ -347,3 +348,34 @@ def test_translation_beam_scores_equal_full_recomputation(tiny_model, wait_k):
         greedy, state = read_all(TranslationSearch(beam=1))
         by_beam, _, _ = greedy.finish_by_beam(state)
         assert by_beam == greedy.write(state, source_finished=True)[0]
+
+
+@pytest.mark.parametrize("chunk_ms", [160, 320, 640])
+def test_shifted_units_end_with_the_chunks_of_a_lookahead_encoder(tiny_config, chunk_ms):
+    """With the first unit as many frames short as the lookahead, a chunk of audio completes
+    every unit whose unit_ms of audio has arrived; with whole units, a unit that ends with a
+    chunk waits for the next one."""
+    from dataclasses import replace
+
+    from streamasr.decoding import SpeechWaitKTranslator
+    from streamasr.model import SpeechTranslator
+    from streamasr.policy import WaitK
+
+    torch.manual_seed(0)
+    feats = torch.randn(1, 256, 80)  # 2.56 s of 10 ms feature frames
+    piece = chunk_ms // 10
+    for shift in (3, 0):
+        cfg = replace(
+            tiny_config, left_context_frames=16, lookahead_frames=3, unit_shift_frames=shift
+        )
+        model = SpeechTranslator(cfg).eval()
+        translator = SpeechWaitKTranslator(model, WaitK(1), 1, 2)
+        state = model.encoder.init_state(1, chunk_frames=cfg.chunk_frames(chunk_ms))
+        units = translator.init_state()
+        with torch.no_grad():
+            for end in range(piece, feats.shape[1] + 1, piece):
+                frames, state = model.encoder.step(feats[:, end - piece : end], state)
+                units = translator.read(frames, units)
+                arrived = end * 10 // cfg.unit_ms  # units of audio so far
+                late = shift == 0 and end * 10 % cfg.unit_ms == 0
+                assert len(units.unit_ends) == arrived - late, (shift, end)
