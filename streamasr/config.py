@@ -71,9 +71,11 @@ class ModelConfig:
     def unit_frames(self) -> int:
         return self.unit_ms // self.frame_ms
 
-    def unit_end(self, j: int) -> int:
-        """The frame count just after speech unit j (1-based) of a segment."""
-        return j * self.unit_frames - self.unit_shift_frames
+    def unit_ends(self, first: int, frames: int) -> list[int]:
+        """The frame counts just after speech units first, first + 1, ... (1-based) of a
+        segment that are complete within its first `frames` frames."""
+        start = first * self.unit_frames - self.unit_shift_frames
+        return list(range(start, frames + 1, self.unit_frames))
 
     @property
     def cascade_source_vocab(self) -> int:

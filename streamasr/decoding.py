@@ -367,8 +367,7 @@ class SpeechWaitKTranslator(WaitKTranslator):
     def read(self, frames: Tensor, state: TranslatorState) -> TranslatorState:
         """Append encoder frames (1, C, D) of the current segment."""
         total = state.memory_read + frames.shape[1]
-        first = self.cfg.unit_end(len(state.unit_ends) + 1)
-        ends = list(range(first, total + 1, self.cfg.unit_frames))
+        ends = self.cfg.unit_ends(len(state.unit_ends) + 1, total)
         return self._extend(frames, ends, state)
 
 
@@ -419,6 +418,6 @@ def translate_segment(translator: WaitKTranslator, units: list) -> list[int]:
 
 def speech_units(model: SpeechTranslator, memory: Tensor) -> list[Tensor]:
     """An encoded segment (1, S, D) cut into its wait-k units (the last one may be partial)."""
-    cfg, total = model.cfg, memory.shape[1]
-    ends = list(range(cfg.unit_end(1), total, cfg.unit_frames)) + [total]
+    total = memory.shape[1]
+    ends = [end for end in model.cfg.unit_ends(1, total) if end < total] + [total]
     return list(memory.split([b - a for a, b in zip([0] + ends, ends)], dim=1))

@@ -168,9 +168,8 @@ def test_greedy_wait_k_equals_greedy_by_full_recomputation(tiny_config, wait_k, 
     tiny_model = SpeechTranslator(replace(tiny_config, unit_shift_frames=shift)).eval()
     torch.manual_seed(4)
     cfg, bos, eos = tiny_model.cfg, 1, 2
-    memory = torch.randn(
-        1, 23, cfg.d_model
-    )  # units of 8 frames (the first 8 - shift), partial last
+    # units of 8 frames (the first 8 - shift), the last one partial
+    memory = torch.randn(1, 23, cfg.d_model)
     units = speech_units(tiny_model, memory)
     assert [u.shape[1] for u in units] == ([8, 8, 7] if shift == 0 else [3, 8, 8, 4])
     with torch.no_grad():
