@@ -99,6 +99,10 @@ OPTION_HELP = {
     "cascade_dropout": "--cascade: dropout of the transcript translator (default 0.1)",
     "lookahead_frames": "right context: encoder frames (40 ms each) every chunk also sees "
     "after it, for that much latency; with --init, added to the init's model (default 0)",
+    "right_context_frames": "right context inside the blocks (Emformer's): encoder frames "
+    "every chunk's attention and convolution also run over, recomputed per chunk, for that "
+    "much latency; with --init, replaces the init's lookahead unless --lookahead-frames is "
+    "given (default 0)",
 }
 MODEL_OPTIONS = (
     "d_model",
@@ -111,6 +115,7 @@ MODEL_OPTIONS = (
     "transcript_vocab",
     "cascade_dropout",
     "lookahead_frames",
+    "right_context_frames",
 )
 
 

@@ -29,11 +29,15 @@ class ModelConfig:
     # Right context: every chunk also sees this many encoder frames after it (through one
     # linear map at the blocks' input), and is emitted that much later.
     lookahead_frames: int = 0
+    # Right context inside the blocks (Emformer's): every chunk's attention and convolution also
+    # see the next this many frames, recomputed with each chunk and never cached; emitted that
+    # much later too (after the lookahead's frames, when both are set).
+    right_context_frames: int = 0
     decoder_layers: int = 3  # translation decoder blocks
     unit_ms: int = 320  # wait-k source unit: this much encoded audio is one unit
     # The first unit is this many frames shorter, so that with a lookahead of as many frames
     # the units end where unit_ms of audio completes frames (unit j at j * unit_frames - shift)
-    # rather than a chunk later. `streamasr train` sets it to the lookahead (below unit_frames).
+    # rather than a chunk later. `streamasr train` sets it to ahead_frames (below unit_frames).
     unit_shift_frames: int = 0
     tokens_per_unit: int = 1  # target tokens written per source unit read
     wait_k_choices: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9, 0)  # sampled in training; 0 = inf
@@ -66,6 +70,11 @@ class ModelConfig:
     @property
     def frame_ms(self) -> int:
         return self.feature_hop_ms * self.subsampling
+
+    @property
+    def ahead_frames(self) -> int:
+        """Frames after its chunk that a chunk waits for: lookahead and right context."""
+        return self.lookahead_frames + self.right_context_frames
 
     @property
     def unit_frames(self) -> int:

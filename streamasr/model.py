@@ -162,6 +162,17 @@ class FeedForward(nn.Sequential):
         )
 
 
+@dataclass(frozen=True)
+class RightContext:
+    """A whole-sequence pass with right context: chunk c ends before frame ends[c], and its
+    `frames` right-context frames (at positions ends[c] .. ends[c] + frames - 1) follow the T
+    frames in the sequence the blocks see, chunk after chunk."""
+
+    ends: Tensor  # (C,)
+    frames: int
+    positions: Tensor  # (C * frames,)
+
+
 class ChunkedSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float):
         super().__init__()
@@ -181,18 +192,20 @@ class ChunkedSelfAttention(nn.Module):
         B, H, T, Dh = y.shape
         return self.out(y.transpose(1, 2).reshape(B, T, H * Dh))
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """(B, T, D), mask (B, 1, T, T) -> (B, T, D); positions 0..T-1."""
-        q, k, v = self._project(x, torch.arange(x.shape[1], device=x.device))
+    def forward(self, x: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+        """(B, N, D), mask (B, 1, N, N), positions (N,) -> (B, N, D)."""
+        q, k, v = self._project(x, positions)
         return self._attend(q, k, v, mask)
 
     def step(
-        self, x: Tensor, keys: Tensor, values: Tensor, start: int, left_frames: int
+        self, x: Tensor, keys: Tensor, values: Tensor, start: int, left_frames: int, cached: int
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """One chunk (B, C, D) at absolute position `start`; caches trimmed to left_frames."""
+        """One chunk's block (B, C, D) at absolute position `start`: the chunk's `cached` frames,
+        then its right context (seen by the block, not cached); caches trimmed to left_frames."""
         q, k, v = self._project(x, torch.arange(start, start + x.shape[1], device=x.device))
-        keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
-        y = self._attend(q, keys, values, mask=None)
+        y = self._attend(q, torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2), mask=None)
+        keys = torch.cat([keys, k[:, :, :cached]], dim=2)
+        values = torch.cat([values, v[:, :, :cached]], dim=2)
         # The next chunk may look back left_frames before its own start: keep exactly those.
         return (
             y,
@@ -213,19 +226,36 @@ class CausalConvModule(nn.Module):
         self.pointwise_out = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def _conv(self, x: Tensor, tail: Tensor) -> Tensor:
-        x = torch.cat([tail, x], dim=1)  # (B, kernel - 1 + T, D)
+    def _conv(self, x: Tensor) -> Tensor:
+        """(N, kernel - 1 + T, D): T outputs, each of the kernel's inputs ending at it."""
         x = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
         return self.dropout(self.pointwise_out(F.silu(self.norm(x))))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, right: RightContext | None = None) -> Tensor:
+        """(B, T, D), or with `right` (B, T + C * R, D): the frames, then each chunk's right
+        context, whose kernel reads its chunk's last frames and the right context before it."""
         x = F.glu(self.pointwise_in(x), dim=-1)
-        return self._conv(x, x.new_zeros(x.shape[0], self.kernel - 1, x.shape[2]))
+        B, _, D = x.shape
+        padded = torch.cat([x.new_zeros(B, self.kernel - 1, D), x], dim=1)
+        if right is None:
+            return self._conv(padded)
+        T = x.shape[1] - right.positions.numel()
+        padded = padded[:, : self.kernel - 1 + T]
+        frames = self._conv(padded)
+        # Chunk c's window: the kernel - 1 frames before ends[c] (padded: frame t at t +
+        # kernel - 1), then its R right-context frames. The last chunk's right context lies
+        # past the end (never seen), so its window may be clipped.
+        before = right.ends[:, None] + torch.arange(self.kernel - 1, device=x.device)
+        before = before.clamp(max=padded.shape[1] - 1)
+        windows = torch.cat([padded[:, before], x[:, T:].view(B, -1, right.frames, D)], dim=2)
+        out = self._conv(windows.flatten(0, 1)).view(B, -1, D)  # (B, C * R, D)
+        return torch.cat([frames, out], dim=1)
 
-    def step(self, x: Tensor, tail: Tensor) -> tuple[Tensor, Tensor]:
+    def step(self, x: Tensor, tail: Tensor, cached: int) -> tuple[Tensor, Tensor]:
+        """A chunk's block (its `cached` frames, then its right context) after `tail`."""
         x = F.glu(self.pointwise_in(x), dim=-1)
-        new_tail = torch.cat([tail, x], dim=1)[:, -(self.kernel - 1) :]
-        return self._conv(x, tail), new_tail
+        new_tail = torch.cat([tail, x[:, :cached]], dim=1)[:, -(self.kernel - 1) :]
+        return self._conv(torch.cat([tail, x], dim=1)), new_tail
 
 
 class EncoderLayer(nn.Module):
@@ -242,19 +272,21 @@ class EncoderLayer(nn.Module):
         self.ff = FeedForward(d, cfg.d_ff, cfg.dropout)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = x + self.dropout(self.attn(self.norm_attn(x), mask))
-        x = x + self.conv(self.norm_conv(x))
+    def forward(
+        self, x: Tensor, mask: Tensor, positions: Tensor, right: RightContext | None = None
+    ) -> Tensor:
+        x = x + self.dropout(self.attn(self.norm_attn(x), mask, positions))
+        x = x + self.conv(self.norm_conv(x), right)
         return x + self.dropout(self.ff(self.norm_ff(x)))
 
     def step(
-        self, x: Tensor, state: LayerState, start: int, left_frames: int
+        self, x: Tensor, state: LayerState, start: int, left_frames: int, cached: int
     ) -> tuple[Tensor, LayerState]:
         y, keys, values = self.attn.step(
-            self.norm_attn(x), state.keys, state.values, start, left_frames
+            self.norm_attn(x), state.keys, state.values, start, left_frames, cached
         )
         x = x + y
-        y, conv_tail = self.conv.step(self.norm_conv(x), state.conv_tail)
+        y, conv_tail = self.conv.step(self.norm_conv(x), state.conv_tail, cached)
         x = x + y
         x = x + self.ff(self.norm_ff(x))
         return x, LayerState(keys=keys, values=values, conv_tail=conv_tail)
@@ -262,7 +294,9 @@ class EncoderLayer(nn.Module):
 
 class StreamingEncoder(nn.Module):
     """Features -> encoder frames; a frame sees its chunk and left_context_frames before it,
-    and, with lookahead_frames, that many frames after its chunk (through `Lookahead`)."""
+    and, with lookahead_frames, that many frames after its chunk (through `Lookahead`); with
+    right_context_frames, the blocks of each chunk also run over that many frames after it
+    (after the lookahead's), recomputed with every chunk (Emformer's right context)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -270,8 +304,11 @@ class StreamingEncoder(nn.Module):
         self.subsampling = CausalSubsampling(
             cfg.n_mels, cfg.d_model, cfg.subsampling_layers, cfg.subsampling_channels
         )
-        self.ahead = cfg.lookahead_frames
-        self.lookahead = Lookahead(cfg.d_model, self.ahead) if self.ahead else None
+        self.ahead = cfg.ahead_frames
+        self.right = cfg.right_context_frames
+        self.lookahead = (
+            Lookahead(cfg.d_model, cfg.lookahead_frames) if cfg.lookahead_frames else None
+        )
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
 
@@ -288,7 +325,7 @@ class StreamingEncoder(nn.Module):
         valid = lengths_to_mask(lengths, T)  # (B, T)
         if self.lookahead is not None:  # past the end, a stream's lookahead reads zeros
             x = x * valid[:, :, None]
-            x = self.lookahead(torch.cat([x, x.new_zeros(B, self.ahead, D)], dim=1))
+            x = self.lookahead(torch.cat([x, x.new_zeros(B, self.lookahead.frames, D)], dim=1))
         if chunk_frames > 0:
             allowed = chunk_mask(
                 T, chunk_frames, self.cfg.left_context_frames, x.device, offset=self.ahead
@@ -296,11 +333,39 @@ class StreamingEncoder(nn.Module):
         else:
             allowed = torch.ones(1, T, T, dtype=torch.bool, device=x.device)
         allowed = allowed & valid[:, None, :]
+        positions, right = torch.arange(T, device=x.device), None
+        if chunk_frames > 0 and self.right:
+            x, allowed, positions, right = self._with_right_context(
+                x, allowed, lengths, chunk_frames
+            )
         # Padded queries may have no valid key left; their own position keeps softmax finite.
-        allowed = (allowed | torch.eye(T, dtype=torch.bool, device=x.device)[None])[:, None]
+        eye = torch.eye(x.shape[1], dtype=torch.bool, device=x.device)
+        allowed = (allowed | eye[None])[:, None]
         for layer in self.layers:
-            x = layer(x, allowed)
-        return self.norm(x), lengths
+            x = layer(x, allowed, positions, right)
+        return self.norm(x[:, :T]), lengths
+
+    def _with_right_context(
+        self, x: Tensor, allowed: Tensor, lengths: Tensor, chunk_frames: int
+    ) -> tuple[Tensor, Tensor, Tensor, RightContext]:
+        """Frames (B, T, D) and their chunk mask (B, T, T) -> the frames followed by each
+        chunk's right context, and the mask over both: a chunk's right context sees what the
+        chunk's frames see, both see it, and no other chunk does."""
+        B, T, _ = x.shape
+        size, offset, device = chunk_frames, self.ahead, x.device
+        t = torch.arange(T, device=device)
+        chunk = (t + offset) // size - offset // size  # each frame's chunk, from 0
+        chunks = torch.arange(int(chunk[-1]) + 1, device=device)
+        ends = (chunks + offset // size + 1) * size - offset
+        positions = (ends[:, None] + torch.arange(self.right, device=device)).flatten()
+        right_chunk = chunks.repeat_interleave(self.right)
+        first = (ends - size).clamp(min=0)  # a frame of each chunk, whose mask row it shares
+        rows = torch.cat([allowed, allowed[:, first[right_chunk]]], dim=1)  # (B, N, T)
+        same = torch.cat([chunk, right_chunk])[:, None] == right_chunk[None, :]  # (N, C * R)
+        exists = positions[None, :] < lengths[:, None]  # (B, C * R): within the utterance
+        allowed = torch.cat([rows, same[None] & exists[:, None, :]], dim=2)
+        x = torch.cat([x, x[:, positions.clamp(max=T - 1)]], dim=1)
+        return x, allowed, torch.cat([t, positions]), RightContext(ends, self.right, positions)
 
     def init_state(self, batch: int = 1, device=None, chunk_frames: int = 0) -> EncoderState:
         """chunk_frames: the chunk size of the stream, needed with lookahead_frames."""
@@ -323,8 +388,8 @@ class StreamingEncoder(nn.Module):
     ) -> tuple[Tensor, EncoderState]:
         """Features (B, n * subsampling, n_mels) -> the encoder frames they complete (B, n', D).
 
-        With the state's chunk_frames, a frame is complete once its chunk of the grid and its
-        lookahead frames have arrived, so any piece sizes give the same frames; the others
+        With the state's chunk_frames, a frame is complete once its chunk of the grid and the
+        frames after it (lookahead and right context) have arrived, so any piece sizes give the same frames; the others
         wait in the state. On the `final` step (the end of the stream; n may be 0) every frame
         left is complete. Without chunk_frames, each step is one chunk (n at most its size).
         """
@@ -340,34 +405,42 @@ class StreamingEncoder(nn.Module):
                 end, size = state.frames_done + ready, state.chunk_frames
                 ready = max(0, (end + self.ahead) // size * size - self.ahead - state.frames_done)
         ahead = x[:, ready:]
+        # The last chunk's blocks also run over its right context: up to `right` frames more.
+        n = min(x.shape[1], ready + self.right) if ready else 0
         if self.lookahead is not None and ready:
-            padded = torch.cat([x, x.new_zeros(x.shape[0], self.ahead, x.shape[2])], dim=1)
-            x = self.lookahead(padded[:, : ready + self.ahead])
+            L = self.lookahead.frames
+            x = self.lookahead(
+                torch.cat([x, x.new_zeros(x.shape[0], L, x.shape[2])], 1)[:, : n + L]
+            )
         else:
-            x = x[:, :ready]
+            x = x[:, :n]
         pieces, layers, start = [], list(state.layers), state.frames_done
-        for piece in self._grid_pieces(x, start, state.chunk_frames):
+        for size in self._grid_sizes(ready, start, state.chunk_frames):
+            done = start - state.frames_done
+            block = x[:, done : done + size + self.right]  # the chunk, then its right context
             for i, layer in enumerate(self.layers):
-                piece, layers[i] = layer.step(piece, layers[i], start, self.cfg.left_context_frames)
-            pieces.append(piece)
-            start += piece.shape[1]
-        x = torch.cat(pieces, dim=1) if pieces else x
+                block, layers[i] = layer.step(
+                    block, layers[i], start, self.cfg.left_context_frames, cached=size
+                )
+            pieces.append(block[:, :size])
+            start += size
+        x = torch.cat(pieces, dim=1) if pieces else x[:, :0]
         new_state = replace(
             state, subsampling=sub_state, layers=tuple(layers), frames_done=start, ahead=ahead
         )
         return self.norm(x), new_state
 
-    def _grid_pieces(self, x: Tensor, start: int, chunk_frames: int) -> list[Tensor]:
-        """Split frames starting at absolute position `start` where the chunk grid does."""
+    def _grid_sizes(self, frames: int, start: int, chunk_frames: int) -> list[int]:
+        """The sizes of the pieces that `frames` frames from absolute position `start` split
+        into where the chunk grid does."""
         if chunk_frames <= 0:
-            return [x] if x.shape[1] else []
-        pieces, done = [], 0
-        while done < x.shape[1]:
-            position = start + done
-            to_boundary = chunk_frames - (position + self.ahead) % chunk_frames
-            pieces.append(x[:, done : done + to_boundary])
-            done += pieces[-1].shape[1]
-        return pieces
+            return [frames] if frames else []
+        sizes, done = [], 0
+        while done < frames:
+            to_boundary = chunk_frames - (start + done + self.ahead) % chunk_frames
+            sizes.append(min(to_boundary, frames - done))
+            done += sizes[-1]
+        return sizes
 
 
 # --------------------------------------------------------------------------- decoder

@@ -340,15 +340,18 @@ def train(
     torch.manual_seed(tcfg.seed)
     resuming = (work / "checkpoint.pt").exists()
     if init is not None:
-        # The init's shape, with lookahead frames added when asked for (they start at zero);
-        # a resumed warm start has the same shape, so it passes the check below.
+        # The init's shape, with lookahead frames added when asked for (they start at zero)
+        # and right context; right context alone replaces the init's lookahead (its map is
+        # dropped). A resumed warm start has the same shape, so it passes the check below.
         init_cfg = ModelConfig.load(init / "config.json")
-        cfg = replace(init_cfg, lookahead_frames=cfg.lookahead_frames or init_cfg.lookahead_frames)
+        right = cfg.right_context_frames or init_cfg.right_context_frames
+        lookahead = cfg.lookahead_frames or (0 if right else init_cfg.lookahead_frames)
+        cfg = replace(init_cfg, lookahead_frames=lookahead, right_context_frames=right)
         if not resuming:
             _warm_start_files(init, work)
     # Speech units end where unit_ms of audio completes frames: the lookahead's frames later
     # (a run resumed from before that keeps its own units).
-    shift = min(cfg.lookahead_frames, cfg.unit_frames - 1)
+    shift = min(cfg.ahead_frames, cfg.unit_frames - 1)
     if resuming:
         saved = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
         shift = saved.unit_shift_frames
@@ -363,10 +366,14 @@ def train(
     if init is not None and not resuming:
         source = load_bundle(init).model
         missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
-        if unexpected or any(not name.startswith("encoder.lookahead.") for name in missing):
+        if any(not name.startswith("encoder.lookahead.") for name in missing + unexpected):
             raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
         if missing:
             log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)
+        if unexpected:
+            log.info(
+                "the init's lookahead dropped for %d right-context frames", cfg.right_context_frames
+            )
     log.info(
         "model: %.2f M parameters; %d train utterances",
         model.num_parameters / 1e6,

@@ -33,26 +33,34 @@ def test_encoder_step_equals_forward_under_chunk_mask(tiny_model, chunk_frames):
     assert all(layer.keys.shape[2] <= tiny_model.cfg.left_context_frames for layer in state.layers)
 
 
-def _with_lookahead(cfg, frames):
+def _with_lookahead(cfg, frames, right=0):
     from dataclasses import replace
 
     from streamasr.model import SpeechTranslator
 
     torch.manual_seed(0)
-    model = SpeechTranslator(replace(cfg, lookahead_frames=frames)).eval()
+    model = SpeechTranslator(
+        replace(cfg, lookahead_frames=frames, right_context_frames=right)
+    ).eval()
     with torch.no_grad():  # Lookahead starts at zero; random weights make it count here
-        for param in model.encoder.lookahead.parameters():
+        for param in model.encoder.lookahead.parameters() if frames else ():
             param.normal_(0, 0.2)
     return model
 
 
-@pytest.mark.parametrize("chunk_frames, ahead", [(2, 1), (4, 2), (4, 4), (2, 5), (4, 0)])
+@pytest.mark.parametrize(
+    "chunk_frames, ahead, right",
+    [(2, 1, 0), (4, 2, 0), (4, 4, 0), (2, 5, 0), (4, 0, 0), (4, 0, 2), (2, 0, 3), (4, 2, 2),
+     (8, 0, 4), (2, 1, 5)],
+)  # fmt: skip
 @pytest.mark.parametrize("piece_frames", [None, 3])
 def test_encoder_step_with_lookahead_equals_forward(
-    tiny_config, tiny_model, chunk_frames, ahead, piece_frames
+    tiny_config, tiny_model, chunk_frames, ahead, right, piece_frames
 ):
-    """Chunk by chunk (or in pieces of 3 frames, across chunk boundaries), then the end."""
-    model = _with_lookahead(tiny_config, ahead) if ahead else tiny_model
+    """Chunk by chunk (or in pieces of 3 frames, across chunk boundaries), then the end; with
+    lookahead, right context inside the blocks, or both."""
+    model = _with_lookahead(tiny_config, ahead, right) if ahead or right else tiny_model
+    ahead += right
     torch.manual_seed(1)
     sub, num_frames = model.encoder.subsampling.factor, 37
     step = piece_frames or chunk_frames
@@ -101,12 +109,39 @@ def test_lookahead_sees_ahead_and_starts_as_identity(tiny_config):
     assert moved[5] == 0 and moved[6:].min() > 0  # frame 5 looks at 6, 7; chunk [6, 14) sees 9
 
 
-def test_encoder_padding_does_not_change_valid_frames(tiny_model):
+def test_right_context_sees_its_frames_and_no_further(tiny_config):
+    """Chunks of 8 frames on the grid shifted by 2 frames of right context: [0, 6), [6, 14),
+    ... The blocks of [0, 6) also run over frames 6 and 7, not 8; full context is unchanged."""
+    torch.manual_seed(2)
+    feats = torch.randn(1, 96, tiny_config.n_mels)
+    lengths = torch.tensor([96])
+    model = _with_lookahead(tiny_config, 0, right=2)
+    with torch.no_grad():
+        before, _ = model.encoder(feats, lengths, 8)
+        moved = []
+        for frame in (7, 8):  # chunk [0, 6) sees frames 6 and 7; chunk [6, 14) holds both
+            changed = feats.clone()
+            changed[:, 4 * frame : 4 * frame + 4] += 1.0
+            after, _ = model.encoder(changed, lengths, 8)
+            moved.append((after - before).abs().amax(dim=-1)[0])
+        plain = _with_lookahead(tiny_config, 0)
+        plain.load_state_dict(model.state_dict())  # the same weights, no right context
+        assert not torch.allclose(plain.encoder(feats, lengths, 8)[0], before)
+        assert torch.equal(
+            plain.encoder(feats, lengths, -1)[0], model.encoder(feats, lengths, -1)[0]
+        )
+    assert moved[0][:6].min() > 0 and moved[0][6:14].min() > 0
+    assert moved[1][:6].max() == 0 and moved[1][6:14].min() > 0
+
+
+@pytest.mark.parametrize("right", [0, 3])
+def test_encoder_padding_does_not_change_valid_frames(tiny_config, tiny_model, right):
+    model = _with_lookahead(tiny_config, 0, right) if right else tiny_model
     torch.manual_seed(2)
     feats = torch.randn(2, 96, tiny_model.cfg.n_mels)
     with torch.no_grad():
-        batch, _ = tiny_model.encoder(feats, torch.tensor([96, 64]), 4)
-        alone, _ = tiny_model.encoder(feats[1:, :64], torch.tensor([64]), 4)
+        batch, _ = model.encoder(feats, torch.tensor([96, 64]), 4)
+        alone, _ = model.encoder(feats[1:, :64], torch.tensor([64]), 4)
     assert (batch[1, : alone.shape[1]] - alone[0]).abs().max().item() <= 1e-5
 
 

@@ -137,22 +137,25 @@ def test_wall_clock_never_dates_the_stream_after_its_audio(monkeypatch):
     assert clock.t0 == pytest.approx(9.5)
 
 
-@pytest.fixture(scope="module")
-def lookahead_bundle(tiny_bundle):
-    """The tiny bundle with 3 frames of lookahead, its weights random (they start at zero)."""
+@pytest.fixture(scope="module", params=[(3, 0), (0, 3), (1, 2)], ids=lambda p: f"ahead{p}")
+def lookahead_bundle(tiny_bundle, request):
+    """The tiny bundle with 3 frames of lookahead, of right context, or 1 and 2 of both; the
+    lookahead's weights random (they start at zero)."""
     import dataclasses
 
     import torch
 
     from streamasr.model import SpeechTranslator
 
-    cfg = dataclasses.replace(tiny_bundle.config, lookahead_frames=3)
+    lookahead, right = request.param
+    cfg = dataclasses.replace(
+        tiny_bundle.config, lookahead_frames=lookahead, right_context_frames=right
+    )
     model = SpeechTranslator(cfg).eval()
     model.load_state_dict(tiny_bundle.model.state_dict(), strict=False)
     with torch.no_grad():
-        model.encoder.lookahead.conv.weight.normal_(
-            0, 0.05, generator=torch.Generator().manual_seed(0)
-        )
+        for param in model.encoder.lookahead.parameters() if lookahead else ():
+            param.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
     return dataclasses.replace(tiny_bundle, config=cfg, model=model)
 
 

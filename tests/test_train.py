@@ -121,6 +121,27 @@ def test_warm_start_adds_lookahead_at_zero_then_learns_it(tmp_path, tone):
     assert_same_weights(exported.model, again)
 
 
+def test_right_context_replaces_the_init_lookahead(tmp_path, tone):
+    """--right-context-frames on a lookahead model: its other weights carry over, the
+    lookahead's map is dropped, and speech units follow the right context."""
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", replace(TINY, lookahead_frames=2), tcfg)
+    folder = export(tmp_path / "a", tmp_path / "model")
+    tcfg = replace(tcfg, lr=0.0)
+    asked = replace(ModelConfig(), right_context_frames=3)
+    model = train(corpus, tmp_path / "b", asked, tcfg, init=folder)
+    assert model.cfg == replace(TINY, right_context_frames=3, unit_shift_frames=3)
+    source = load_bundle(folder).model.state_dict()
+    kept = {k: v for k, v in source.items() if not k.startswith("encoder.lookahead.")}
+    assert kept.keys() == model.state_dict().keys()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in kept.items())
+    both = train(corpus, tmp_path / "c", replace(asked, lookahead_frames=2), tcfg, init=folder)
+    assert both.cfg.ahead_frames == both.cfg.unit_shift_frames == 5
+    learnt = source["encoder.lookahead.conv.weight"]
+    assert learnt.abs().max() > 0 and torch.equal(both.encoder.lookahead.conv.weight, learnt)
+
+
 def test_a_killed_warm_start_resumes_exactly(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
     tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
