@@ -227,7 +227,8 @@ class CausalConvModule(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def _conv(self, x: Tensor) -> Tensor:
-        """(N, kernel - 1 + T, D): T outputs, each of the kernel's inputs ending at it."""
+        """(N, kernel - 1 + T, D) -> (N, T, D): each output from the kernel's inputs ending
+        at it."""
         x = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
         return self.dropout(self.pointwise_out(F.silu(self.norm(x))))
 
