@@ -352,7 +352,7 @@ class StreamingEncoder(nn.Module):
         """Frames (B, T, D) and their chunk mask (B, T, T) -> the frames followed by each
         chunk's right context, and the mask over both: a chunk's right context sees what the
         chunk's frames see, both see it, and no other chunk does."""
-        B, T, _ = x.shape
+        T = x.shape[1]
         size, offset, device = chunk_frames, self.ahead, x.device
         t = torch.arange(T, device=device)
         chunk = (t + offset) // size - offset // size  # each frame's chunk, from 0

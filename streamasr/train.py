@@ -349,8 +349,8 @@ def train(
         cfg = replace(init_cfg, lookahead_frames=lookahead, right_context_frames=right)
         if not resuming:
             _warm_start_files(init, work)
-    # Speech units end where unit_ms of audio completes frames: the lookahead's frames later
-    # (a run resumed from before that keeps its own units).
+    # Speech units end where unit_ms of audio completes frames: the lookahead's and the right
+    # context's frames later (a run resumed from before that keeps its own units).
     shift = min(cfg.ahead_frames, cfg.unit_frames - 1)
     if resuming:
         saved = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
