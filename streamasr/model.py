@@ -34,6 +34,12 @@ def sinusoids(length: int, dim: int) -> Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
+def chunk_starts(num_frames: int, chunk_frames: int, offset: int = 0, device=None) -> Tensor:
+    """(T,) the first frame of each frame's chunk (negative for a first chunk cut short)."""
+    t = torch.arange(num_frames, device=device)
+    return ((t + offset) // chunk_frames) * chunk_frames - offset
+
+
 def chunk_mask(
     num_frames: int, chunk_frames: int, left_frames: int, device=None, offset: int = 0
 ) -> Tensor:
@@ -43,7 +49,7 @@ def chunk_mask(
     lookahead, the frames a chunk of audio completes (the first chunk is that much shorter).
     """
     t = torch.arange(num_frames, device=device)
-    chunk_start = ((t + offset) // chunk_frames) * chunk_frames - offset  # (T,)
+    chunk_start = chunk_starts(num_frames, chunk_frames, offset, device)  # (T,)
     own_or_past = t[None, :] < (chunk_start[:, None] + chunk_frames)
     recent = t[None, :] >= (chunk_start[:, None] - left_frames)
     return own_or_past & recent
@@ -164,13 +170,12 @@ class FeedForward(nn.Sequential):
 
 @dataclass(frozen=True)
 class RightContext:
-    """A whole-sequence pass with right context: chunk c ends before frame ends[c], and its
-    `frames` right-context frames (at positions ends[c] .. ends[c] + frames - 1) follow the T
-    frames in the sequence the blocks see, chunk after chunk."""
+    """A whole-sequence pass with right context: chunk c ends before frame ends[c], and its R
+    right-context frames (at positions ends[c] .. ends[c] + R - 1) follow the T frames in the
+    sequence the blocks see, chunk after chunk."""
 
     ends: Tensor  # (C,)
-    frames: int
-    positions: Tensor  # (C * frames,)
+    positions: Tensor  # (C * R,)
 
 
 class ChunkedSelfAttention(nn.Module):
@@ -248,7 +253,7 @@ class CausalConvModule(nn.Module):
         # past the end (never seen), so its window may be clipped.
         before = right.ends[:, None] + torch.arange(self.kernel - 1, device=x.device)
         before = before.clamp(max=padded.shape[1] - 1)
-        windows = torch.cat([padded[:, before], x[:, T:].view(B, -1, right.frames, D)], dim=2)
+        windows = torch.cat([padded[:, before], x[:, T:].view(B, right.ends.numel(), -1, D)], dim=2)
         out = self._conv(windows.flatten(0, 1)).view(B, -1, D)  # (B, C * R, D)
         return torch.cat([frames, out], dim=1)
 
@@ -352,21 +357,21 @@ class StreamingEncoder(nn.Module):
         """Frames (B, T, D) and their chunk mask (B, T, T) -> the frames followed by each
         chunk's right context, and the mask over both: a chunk's right context sees what the
         chunk's frames see, both see it, and no other chunk does."""
-        T = x.shape[1]
-        size, offset, device = chunk_frames, self.ahead, x.device
-        t = torch.arange(T, device=device)
-        chunk = (t + offset) // size - offset // size  # each frame's chunk, from 0
-        chunks = torch.arange(int(chunk[-1]) + 1, device=device)
-        ends = (chunks + offset // size + 1) * size - offset
+        T, device = x.shape[1], x.device
+        starts, chunk = torch.unique_consecutive(
+            chunk_starts(T, chunk_frames, self.ahead, device), return_inverse=True
+        )  # each chunk's first frame, each frame's chunk
+        ends = starts + chunk_frames
         positions = (ends[:, None] + torch.arange(self.right, device=device)).flatten()
-        right_chunk = chunks.repeat_interleave(self.right)
-        first = (ends - size).clamp(min=0)  # a frame of each chunk, whose mask row it shares
+        right_chunk = torch.arange(ends.numel(), device=device).repeat_interleave(self.right)
+        first = starts.clamp(min=0)  # a frame of each chunk, whose mask row it shares
         rows = torch.cat([allowed, allowed[:, first[right_chunk]]], dim=1)  # (B, N, T)
         same = torch.cat([chunk, right_chunk])[:, None] == right_chunk[None, :]  # (N, C * R)
         exists = positions[None, :] < lengths[:, None]  # (B, C * R): within the utterance
         allowed = torch.cat([rows, same[None] & exists[:, None, :]], dim=2)
         x = torch.cat([x, x[:, positions.clamp(max=T - 1)]], dim=1)
-        return x, allowed, torch.cat([t, positions]), RightContext(ends, self.right, positions)
+        t = torch.arange(T, device=device)
+        return x, allowed, torch.cat([t, positions]), RightContext(ends, positions)
 
     def init_state(self, batch: int = 1, device=None, chunk_frames: int = 0) -> EncoderState:
         """chunk_frames: the chunk size of the stream, needed with lookahead_frames."""
@@ -390,9 +395,10 @@ class StreamingEncoder(nn.Module):
         """Features (B, n * subsampling, n_mels) -> the encoder frames they complete (B, n', D).
 
         With the state's chunk_frames, a frame is complete once its chunk of the grid and the
-        frames after it (lookahead and right context) have arrived, so any piece sizes give the same frames; the others
-        wait in the state. On the `final` step (the end of the stream; n may be 0) every frame
-        left is complete. Without chunk_frames, each step is one chunk (n at most its size).
+        frames after it (lookahead and right context) have arrived, so any piece sizes give the
+        same frames; the others wait in the state. On the `final` step (the end of the stream;
+        n may be 0) every frame left is complete. Without chunk_frames, each step is one chunk
+        (n at most its size).
         """
         if feats.shape[1]:
             x, sub_state = self.subsampling.step(feats, state.subsampling)
