@@ -7,11 +7,14 @@ Loading reads JSON, safetensors, sentencepiece and text files only: nothing is u
 
 from __future__ import annotations
 
+import filecmp
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
@@ -96,6 +99,37 @@ def transcript_pieces(folder: Path, config: ModelConfig) -> Tokenizer | None:
             f"{folder}: config.json sets transcript_vocab but {TRANSCRIPT_TOKENIZER} is missing"
         )
     return Tokenizer(folder / TRANSCRIPT_TOKENIZER)
+
+
+def average_bundles(folders: Sequence[Path]) -> Bundle:
+    """The uniform mean of the weights of model folders that differ in nothing else (the same
+    config.json, tokenizers and feature statistics): a weight average of runs fine-tuned one
+    from another. The first folder's word LM comes with it."""
+    if len(folders) < 2:
+        raise ModelFolderError("averaging needs at least two model folders")
+    bundles = [load_bundle(folder) for folder in folders]
+    first = bundles[0]
+    names = [tok.path.name for tok in (first.en, first.de, first.transcript_pieces) if tok]
+    for folder, other in zip(folders[1:], bundles[1:]):
+        if other.config != first.config:
+            raise ModelFolderError(f"{folder}: config.json differs from {folders[0]}'s")
+        stats_differ = not (
+            torch.equal(other.stats.mean, first.stats.mean)
+            and torch.equal(other.stats.std, first.stats.std)
+        )
+        differ = [n for n in names if not filecmp.cmp(folders[0] / n, folder / n, shallow=False)]
+        if stats_differ or differ:
+            what = ", ".join(differ + ["feature_stats.safetensors"] * stats_differ)
+            raise ModelFolderError(f"{folder}: {what} differ from {folders[0]}'s")
+    states = [bundle.model.state_dict() for bundle in bundles]
+    mean = {
+        name: sum(state[name] for state in states) / len(states)
+        if tensor.is_floating_point()
+        else tensor
+        for name, tensor in states[0].items()
+    }
+    first.model.load_state_dict(mean)
+    return first
 
 
 def load_bundle(folder: str | Path | None = None) -> Bundle:

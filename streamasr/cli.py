@@ -175,6 +175,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--work", type=Path, required=True)
     export.add_argument("--out", type=Path, required=True)
     export.set_defaults(func=cmd_export)
+    average = sub.add_parser(
+        "average",
+        help="average the weights of model folders fine-tuned one from another into one folder",
+    )
+    average.add_argument(
+        "models", type=Path, nargs="+", help="model folders (same config and tokenizers)"
+    )
+    average.add_argument("--out", type=Path, required=True, help="model folder to write")
+    average.set_defaults(func=cmd_average)
     lm = sub.add_parser(
         "lm", help="add a word LM of the training transcripts to a model folder (beam search)"
     )
@@ -245,6 +254,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not (args.work / "checkpoint.pt").is_file():
         raise UsageError(f"{args.work}: no checkpoint.pt to export")
     print(export(args.work, args.out))
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from .bundle import average_bundles
+
+    average_bundles(args.models).save(args.out)
+    print(f"wrote {args.out}: the mean of {len(args.models)} models' weights")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +14,7 @@ import soundfile as sf
 import torch
 from conftest import SENTENCES_DE, SENTENCES_EN
 
-from streamasr.bundle import load_bundle
+from streamasr.bundle import ModelFolderError, average_bundles, load_bundle
 from streamasr.config import ModelConfig
 from streamasr.session import Session, SessionOptions
 from streamasr.train import (
@@ -342,3 +343,30 @@ def test_feature_statistics_summed_in_slices_equal_one_sum(tmp_path, tone, monke
     )
     assert torch.allclose(stats.mean, expected.mean, atol=1e-5)
     assert torch.allclose(stats.std, expected.std, atol=1e-5)
+
+
+def test_average_of_model_folders(tmp_path, tone):
+    """`streamasr average`: the mean of the weights of folders alike in all else; a folder of
+    other tokenizers or config is refused."""
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    first = export(tmp_path / "a", tmp_path / "first")
+    train(corpus, tmp_path / "b", ModelConfig(), tcfg, init=first)
+    second = export(tmp_path / "b", tmp_path / "second")
+    mean = average_bundles([first, second])
+    a, b = load_bundle(first).model.state_dict(), load_bundle(second).model.state_dict()
+    assert not torch.equal(a["ctc_head.weight"], b["ctc_head.weight"])
+    for name, tensor in mean.model.state_dict().items():
+        assert torch.equal(tensor, (a[name] + b[name]) / 2), name
+    mean.save(tmp_path / "mean")
+    assert_same_weights(load_bundle(tmp_path / "mean").model, mean.model)
+
+    other = Path(shutil.copytree(second, tmp_path / "other"))
+    ModelConfig.save(replace(TINY, dropout=0.3), other / "config.json")
+    with pytest.raises(ModelFolderError, match="config.json differs"):
+        average_bundles([first, other])
+    ModelConfig.save(TINY, other / "config.json")
+    shutil.copyfile(other / "en.model", other / "de.model")
+    with pytest.raises(ModelFolderError, match="de.model differ"):
+        average_bundles([first, other])
