@@ -109,7 +109,8 @@ def average_bundles(folders: Sequence[Path]) -> Bundle:
         raise ModelFolderError("averaging needs at least two model folders")
     bundles = [load_bundle(folder) for folder in folders]
     first = bundles[0]
-    names = [tok.path.name for tok in (first.en, first.de, first.transcript_pieces) if tok]
+    pieces = (first.en, first.de, first.transcript_pieces)
+    names = [tok.path.name for tok in pieces if tok is not None]
     for folder, other in zip(folders[1:], bundles[1:]):
         if other.config != first.config:
             raise ModelFolderError(f"{folder}: config.json differs from {folders[0]}'s")
