@@ -102,11 +102,12 @@ def _cache_paths(work: Path, split: str) -> tuple[Path, Path]:
 def build_cache(
     rows: list[Utterance], work: Path, split: str, cfg: ModelConfig, en: Tokenizer, de: Tokenizer
 ) -> Cache:
-    """The features of a manifest's rows, cached in `work`. A cache whose items (id, transcript,
-    translation and their token ids) are those of the first rows is reused and extended by the
-    rest, so a corpus that grew costs only its new utterances; one that disagrees is rebuilt.
-    Audio is not compared: after re-synthesizing the same sentences, delete the work folder's
-    caches."""
+    """The features of a manifest's rows, cached in `work`. A cache whose utterances (id,
+    transcript, translation) are the first rows is reused and extended by the rest, so a corpus
+    that grew costs only its new utterances; one that disagrees is rebuilt. Token ids are not
+    cached: they come from the tokenizers given, so the features serve a run with other
+    tokenizers too. Audio is not compared: after re-synthesizing the same sentences, delete the
+    work folder's caches."""
     feat_path, item_path = _cache_paths(work, split)
     kept = _cached_prefix(feat_path, item_path, [_item(utt, en, de) for utt in rows])
     if kept is not None and len(kept.items) == len(rows):
@@ -122,7 +123,9 @@ def build_cache(
         items.append(_item(utt, en, de))
     cache = Cache(torch.cat(chunks), torch.tensor(offsets), items)
     save_file({"feats": cache.feats, "offsets": cache.offsets}, str(feat_path))
-    item_path.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
+    item_path.write_text(
+        "".join(json.dumps(_utterance(it), ensure_ascii=False) + "\n" for it in items)
+    )
     return cache
 
 
@@ -137,12 +140,19 @@ def _item(utt: Utterance, en: Tokenizer, de: Tokenizer) -> dict:
     }
 
 
+def _utterance(item: dict) -> dict:
+    """What a cached utterance is recognized by: its id and sentences (not its token ids)."""
+    return {key: item[key] for key in ("id", "text", "translation")}
+
+
 def _cached_prefix(feat_path: Path, item_path: Path, expected: list[dict]) -> Cache | None:
-    """The cache at these paths if its items are the first of `expected`, else None."""
+    """The cache at these paths, with `expected`'s items, if its utterances are the first of
+    `expected`; else None."""
     if not (feat_path.exists() and item_path.exists()):
         return None
-    items = [json.loads(line) for line in item_path.read_text().splitlines()]
-    if items != expected[: len(items)] or len(items) > len(expected):
+    cached = [_utterance(json.loads(line)) for line in item_path.read_text().splitlines()]
+    items = expected[: len(cached)]
+    if len(cached) > len(expected) or cached != [_utterance(it) for it in items]:
         return None
     data = load_file(str(feat_path))
     return Cache(data["feats"], data["offsets"], items)

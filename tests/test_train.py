@@ -259,6 +259,23 @@ def test_feature_cache_follows_its_manifest(tmp_path, tone):
     assert torch.equal(rebuilt.feats, fresh.feats)
 
 
+def test_feature_cache_serves_other_tokenizers(tmp_path, tone, monkeypatch):
+    """A run with tokenizers of its own reuses another run's features (none recomputed) and
+    gets its own token ids."""
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    prepare(corpus, tmp_path / "a", TINY, 2)
+    (tmp_path / "b").mkdir()
+    for split in ("train", "val"):
+        for name in (f"features_{split}.safetensors", f"items_{split}.jsonl"):
+            shutil.copy(tmp_path / "a" / name, tmp_path / "b" / name)
+    monkeypatch.setattr("streamasr.train.load_audio", None)  # no audio may be read again
+    other, _, _, en, _ = prepare(corpus, tmp_path / "b", replace(TINY, en_vocab=35), 2)
+    first, *_ = prepare(corpus, tmp_path / "a", TINY, 2)
+    assert len(en) == 35 and torch.equal(other.feats, first.feats)
+    assert [it["en"] for it in other.items] == [en.encode(it["text"]) for it in first.items]
+    assert [it["en"] for it in other.items] != [it["en"] for it in first.items]
+
+
 def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
     tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
