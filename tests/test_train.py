@@ -380,10 +380,10 @@ def test_average_of_model_folders(tmp_path, tone):
     assert_same_weights(load_bundle(tmp_path / "mean").model, mean.model)
 
     other = Path(shutil.copytree(second, tmp_path / "other"))
-    ModelConfig.save(replace(TINY, dropout=0.3), other / "config.json")
+    replace(TINY, dropout=0.3).save(other / "config.json")
     with pytest.raises(ModelFolderError, match="config.json differs"):
         average_bundles([first, other])
-    ModelConfig.save(TINY, other / "config.json")
+    TINY.save(other / "config.json")
     shutil.copyfile(other / "en.model", other / "de.model")
     with pytest.raises(ModelFolderError, match="de.model differ"):
         average_bundles([first, other])
