@@ -79,6 +79,8 @@ TRAIN_OPTIONS = (
     "ctc_weight",
     "mt_weight",
     "augment_from",
+    "speed_range",
+    "warp_range",
     "mt_detach",
     "freeze_encoder",
     "batch_tokens",
@@ -93,6 +95,9 @@ OPTION_HELP = {
     "full_context_prob": "share of batches trained without the chunk mask (default 0.2)",
     "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
     "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
+    "speed_range": "LO,HI: tempo factors of the speed augmentation (default 0.85,1.15)",
+    "warp_range": "LO,HI: mel-axis warp factors of the vocal-tract-length augmentation "
+    "(default 0.88,1.12)",
     "val_utterances": "val utterances (text pairs with --cascade) validated on (default 60)",
     "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
     "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",

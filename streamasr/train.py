@@ -58,6 +58,9 @@ class TrainConfig:
     # drawn twice as often); empty: the model's chunk_frames_choices, uniformly
     train_chunk_ms: str = ""
     augment_from: int = 1000  # first step with augmentation: the encoder first fits clean speech
+    # "LO,HI" ranges of the speed and vocal-tract-length augmentation; empty: AugmentConfig's
+    speed_range: str = ""
+    warp_range: str = ""
     mt_detach: bool = True  # the translation loss trains the decoder only, not the encoder
     freeze_encoder: bool = False  # encoder fixed (no gradients, no CTC): decoder-only training
     grad_clip: float = 5.0
@@ -254,6 +257,24 @@ def train_chunk_frames(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[int, ...]:
         raise TrainError(f"--train-chunk-ms {tcfg.train_chunk_ms!r}: {err}") from None
 
 
+def augment_config(tcfg: TrainConfig) -> AugmentConfig:
+    """The augmentation of a run: AugmentConfig with the ranges `tcfg` names."""
+    ranges = {}
+    for name in ("speed_range", "warp_range"):
+        text = getattr(tcfg, name)
+        if not text:
+            continue
+        try:
+            lo, hi = (float(part) for part in text.split(","))
+        except ValueError:
+            lo = hi = 0.0
+        if not 0 < lo <= hi:
+            flag = "--" + name.replace("_", "-")
+            raise TrainError(f"{flag} {text!r}: give LO,HI with 0 < LO <= HI, e.g. 0.8,1.2")
+        ranges[name] = (lo, hi)
+    return replace(AugmentConfig(), **ranges)
+
+
 def loss_on_batch(
     model: SpeechTranslator, batch, chunk_frames: int, wait_k: int | None, tcfg: TrainConfig
 ):
@@ -371,6 +392,7 @@ def train(
             )
     cfg = replace(cfg, unit_shift_frames=shift)
     chunk_choices = train_chunk_frames(cfg, tcfg)
+    aug = augment_config(tcfg)
     train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances, extra)
     model = SpeechTranslator(cfg)
     if init is not None and not resuming:
@@ -389,7 +411,6 @@ def train(
         model.num_parameters / 1e6,
         len(train_cache.items),
     )
-    aug = AugmentConfig()
     lengths = train_cache.lengths()
     audio_s, t0 = 0.0, time.perf_counter()
 

@@ -14,12 +14,14 @@ import soundfile as sf
 import torch
 from conftest import SENTENCES_DE, SENTENCES_EN
 
+from streamasr.augment import AugmentConfig
 from streamasr.bundle import ModelFolderError, average_bundles, load_bundle
 from streamasr.config import ModelConfig
 from streamasr.session import Session, SessionOptions
 from streamasr.train import (
     TrainConfig,
     TrainError,
+    augment_config,
     collate,
     export,
     loss_on_batch,
@@ -196,6 +198,16 @@ def test_detached_translation_loss_leaves_the_encoder_alone(tmp_path, tone):
     mt.backward()
     assert all(p.grad is None for p in model.encoder.parameters())
     assert model.decoder.out.weight.grad.abs().sum() > 0
+
+
+def test_augment_ranges_come_from_the_flags():
+    assert augment_config(TrainConfig()) == AugmentConfig()
+    wide = augment_config(TrainConfig(speed_range="0.8,1.2", warp_range="0.8, 1.25"))
+    assert (wide.speed_range, wide.warp_range) == ((0.8, 1.2), (0.8, 1.25))
+    assert wide.gain_db == AugmentConfig().gain_db
+    for bad in ("1.2,0.8", "0,1", "0.9", "a,b"):
+        with pytest.raises(TrainError, match="--warp-range"):
+            augment_config(TrainConfig(warp_range=bad))
 
 
 def test_train_chunk_ms_sets_the_chunks_drawn(tmp_path, tone, monkeypatch):
