@@ -95,9 +95,6 @@ OPTION_HELP = {
     "full_context_prob": "share of batches trained without the chunk mask (default 0.2)",
     "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
     "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
-    "speed_range": "LO,HI: tempo factors of the speed augmentation (default 0.85,1.15)",
-    "warp_range": "LO,HI: mel-axis warp factors of the vocal-tract-length augmentation "
-    "(default 0.88,1.12)",
     "val_utterances": "val utterances (text pairs with --cascade) validated on (default 60)",
     "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
     "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",
@@ -125,6 +122,7 @@ MODEL_OPTIONS = (
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
+    from .augment import AugmentConfig
     from .config import ModelConfig
     from .train import TrainConfig
 
@@ -157,6 +155,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="--cascade: read the text pairs from this Multi30k folder (train.en/.de, val.en/.de)"
         " instead of the corpus manifests, so no audio need be built",
     )
+    aug = AugmentConfig()
+    speed, warp = (",".join(f"{f:g}" for f in r) for r in (aug.speed_range, aug.warp_range))
+    help_text = OPTION_HELP | {
+        "speed_range": f"LO,HI: tempo factors of the speed augmentation (default {speed})",
+        "warp_range": "LO,HI: mel-axis warp factors of the vocal-tract-length augmentation "
+        f"(default {warp})",
+    }
     for cls, names in ((TrainConfig, TRAIN_OPTIONS), (ModelConfig, MODEL_OPTIONS)):
         for name in names:
             default = getattr(cls, name)
@@ -173,7 +178,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                     flag,
                     type=type(default),
                     default=default,
-                    help=OPTION_HELP.get(name, f"default {default}"),
+                    help=help_text.get(name, f"default {default}"),
                 )
     train.set_defaults(func=cmd_train)
     export = sub.add_parser("export", help="write a model folder from a training work folder")

@@ -266,11 +266,13 @@ def augment_config(tcfg: TrainConfig) -> AugmentConfig:
             continue
         try:
             lo, hi = (float(part) for part in text.split(","))
+            if not 0 < lo <= hi:
+                raise ValueError
         except ValueError:
-            lo = hi = 0.0
-        if not 0 < lo <= hi:
             flag = "--" + name.replace("_", "-")
-            raise TrainError(f"{flag} {text!r}: give LO,HI with 0 < LO <= HI, e.g. 0.8,1.2")
+            raise TrainError(
+                f"{flag} {text!r}: give LO,HI with 0 < LO <= HI, e.g. 0.8,1.2"
+            ) from None
         ranges[name] = (lo, hi)
     return replace(AugmentConfig(), **ranges)
 
