@@ -143,7 +143,7 @@ def corpus_and_model(tmp_path, wav, tiny_bundle_dir):
     """A copy of the tiny model folder and a corpus whose train and tune manifests say SENTENCES_EN."""
     import shutil
 
-    from tests.conftest import SENTENCES_EN
+    from conftest import SENTENCES_EN
 
     model = tmp_path / "model"
     shutil.copytree(tiny_bundle_dir, model)
@@ -155,8 +155,9 @@ def corpus_and_model(tmp_path, wav, tiny_bundle_dir):
 
 
 def test_lm_command_adds_a_word_lm_that_transcribe_uses(capsys, tmp_path, wav, corpus_and_model):
+    from conftest import SENTENCES_EN
+
     from streamasr.bundle import load_bundle
-    from tests.conftest import SENTENCES_EN
 
     corpus, model = corpus_and_model
     assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 0

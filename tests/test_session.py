@@ -101,7 +101,7 @@ def test_a_pause_closes_a_segment(tiny_bundle, tone):
 
 
 def test_beam_search_sessions_are_piece_size_invariant_and_final(tiny_lm_bundle, tone):
-    from tests.conftest import SENTENCES_EN
+    from conftest import SENTENCES_EN
 
     audio = np.concatenate([tone, np.zeros(24000, np.float32), tone])
     runs = [run(tiny_lm_bundle, audio, n, wait_k=2) for n in (160, 16000, len(audio))]
