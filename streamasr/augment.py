@@ -3,7 +3,8 @@
 Applied to unnormalized log-mel frames (T, n_mels) of one utterance:
 - speed: resample the frame axis (a tempo change; phone durations stretch);
 - vocal-tract-length warp: resample the mel axis (formants move, as between speakers);
-- gain and additive noise in the power domain, at a random SNR;
+- gain, an optional smooth random colouring of the mel axis (spectral tilt and broad bumps, as
+  between voices and channels), and additive noise in the power domain, at a random SNR;
 then, after normalization, SpecAugment time and frequency masks.
 """
 
@@ -21,6 +22,8 @@ class AugmentConfig:
     speed_range: tuple[float, float] = (0.85, 1.15)  # frame-axis stretch factors
     warp_range: tuple[float, float] = (0.88, 1.12)  # mel-axis warp (VTLP-like)
     gain_db: float = 8.0  # +- uniform gain
+    eq_db: float = 0.0  # at most this much smooth colouring of the mel axis; 0: none (no draws)
+    eq_terms: int = 3  # cosines over the mel axis the colouring sums (1: a tilt only)
     noise_prob: float = 0.2  # chance of additive noise
     snr_db_range: tuple[float, float] = (5.0, 30.0)
     freq_masks: int = 2  # SpecAugment
@@ -48,6 +51,17 @@ def vtlp(x: torch.Tensor, alpha: float) -> torch.Tensor:
     return x[:, lo] * (1 - w) + x[:, hi] * w
 
 
+def spectral_colouring(n_mels: int, db: float, terms: int, gen: torch.Generator) -> torch.Tensor:
+    """A random smooth curve over the mel axis in natural-log power units, at most `db` dB.
+
+    The mean of `terms` cosines of the bin position (half a period, one period, ...) with
+    amplitudes drawn from [-1, 1]: the first is a spectral tilt, the others broad bumps.
+    """
+    position = torch.linspace(0, math.pi, n_mels)[:, None] * torch.arange(1, terms + 1)
+    amplitudes = torch.rand(terms, generator=gen) * 2 - 1
+    return torch.cos(position) @ amplitudes * (db / terms * math.log(10) / 10)
+
+
 def augment_logmel(x: torch.Tensor, cfg: AugmentConfig, gen: torch.Generator) -> torch.Tensor:
     def uniform(lo: float, hi: float) -> float:
         return lo + (hi - lo) * torch.rand((), generator=gen).item()
@@ -55,6 +69,8 @@ def augment_logmel(x: torch.Tensor, cfg: AugmentConfig, gen: torch.Generator) ->
     x = _resample_axis(x, 1.0 / uniform(*cfg.speed_range), dim=0)
     x = vtlp(x, uniform(*cfg.warp_range))
     x = x + uniform(-cfg.gain_db, cfg.gain_db) * math.log(10) / 10
+    if cfg.eq_db > 0:
+        x = x + spectral_colouring(x.shape[1], cfg.eq_db, cfg.eq_terms, gen)
     if torch.rand((), generator=gen).item() < cfg.noise_prob:
         power = x.exp()
         signal_db = 10 * math.log10(power.mean().item() + 1e-10)

@@ -81,6 +81,7 @@ TRAIN_OPTIONS = (
     "augment_from",
     "speed_range",
     "warp_range",
+    "eq_db",
     "mt_detach",
     "freeze_encoder",
     "batch_tokens",
@@ -96,6 +97,8 @@ OPTION_HELP = {
     "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
     "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
     "val_utterances": "val utterances (text pairs with --cascade) validated on (default 60)",
+    "eq_db": "augmentation: a smooth random colouring of the mel axis (spectral tilt and broad "
+    "bumps), at most this many dB (default 0: none)",
     "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
     "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",
     "cascade_dropout": "--cascade: dropout of the transcript translator (default 0.1)",

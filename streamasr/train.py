@@ -61,6 +61,7 @@ class TrainConfig:
     # "LO,HI" ranges of the speed and vocal-tract-length augmentation; empty: AugmentConfig's
     speed_range: str = ""
     warp_range: str = ""
+    eq_db: float = 0.0  # smooth random colouring of the mel axis, at most this many dB; 0: none
     mt_detach: bool = True  # the translation loss trains the decoder only, not the encoder
     freeze_encoder: bool = False  # encoder fixed (no gradients, no CTC): decoder-only training
     grad_clip: float = 5.0
@@ -258,7 +259,7 @@ def train_chunk_frames(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[int, ...]:
 
 
 def augment_config(tcfg: TrainConfig) -> AugmentConfig:
-    """The augmentation of a run: AugmentConfig with the ranges `tcfg` names."""
+    """The augmentation of a run: AugmentConfig with the ranges and colouring `tcfg` names."""
     ranges = {}
     for name in ("speed_range", "warp_range"):
         text = getattr(tcfg, name)
@@ -274,7 +275,9 @@ def augment_config(tcfg: TrainConfig) -> AugmentConfig:
                 f"{flag} {text!r}: give LO,HI with 0 < LO <= HI, e.g. 0.8,1.2"
             ) from None
         ranges[name] = (lo, hi)
-    return replace(AugmentConfig(), **ranges)
+    if tcfg.eq_db < 0:
+        raise TrainError(f"--eq-db {tcfg.eq_db:g}: give a level >= 0 (0: no colouring)")
+    return replace(AugmentConfig(), **ranges, eq_db=tcfg.eq_db)
 
 
 def loss_on_batch(

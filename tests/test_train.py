@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,7 @@ import soundfile as sf
 import torch
 from conftest import SENTENCES_DE, SENTENCES_EN
 
-from streamasr.augment import AugmentConfig
+from streamasr.augment import AugmentConfig, augment_logmel
 from streamasr.bundle import ModelFolderError, average_bundles, load_bundle
 from streamasr.config import ModelConfig
 from streamasr.session import Session, SessionOptions
@@ -208,6 +209,22 @@ def test_augment_ranges_come_from_the_flags():
     for bad in ("1.2,0.8", "0,1", "0.9", "a,b"):
         with pytest.raises(TrainError, match="--warp-range"):
             augment_config(TrainConfig(warp_range=bad))
+
+
+def test_spectral_colouring_is_smooth_bounded_and_off_by_default():
+    x = torch.randn(50, 80)
+    plain = replace(AugmentConfig(), speed_range=(1.0, 1.0), warp_range=(1.0, 1.0), gain_db=0.0)
+    plain = replace(plain, noise_prob=0.0)
+    # off: the augmentation draws what it drew before the colouring existed
+    assert torch.equal(augment_logmel(x, plain, torch.Generator().manual_seed(3)), x)
+    cfg = replace(plain, eq_db=6.0)
+    curve = augment_logmel(x, cfg, torch.Generator().manual_seed(3)) - x
+    assert torch.allclose(curve, curve[:1].expand_as(curve), atol=1e-5)  # the same in every frame
+    assert 0 < curve[0].abs().max() <= 6 * math.log(10) / 10 + 1e-6
+    assert curve[0].diff().abs().max() < 0.1 * curve[0].abs().max()  # smooth across bins
+    assert augment_config(TrainConfig(eq_db=4.0)).eq_db == 4.0
+    with pytest.raises(TrainError, match="--eq-db"):
+        augment_config(TrainConfig(eq_db=-1.0))
 
 
 def test_train_chunk_ms_sets_the_chunks_drawn(tmp_path, tone, monkeypatch):
