@@ -54,8 +54,8 @@ def vtlp(x: torch.Tensor, alpha: float) -> torch.Tensor:
 def spectral_colouring(n_mels: int, db: float, terms: int, gen: torch.Generator) -> torch.Tensor:
     """A random smooth curve over the mel axis in natural-log power units, at most `db` dB.
 
-    The mean of `terms` cosines of the bin position (half a period, one period, ...) with
-    amplitudes drawn from [-1, 1]: the first is a spectral tilt, the others broad bumps.
+    `db` times the mean of `terms` cosines of the bin position (half a period, one period, ...)
+    with amplitudes drawn from [-1, 1]: the first is a spectral tilt, the others broad bumps.
     """
     position = torch.linspace(0, math.pi, n_mels)[:, None] * torch.arange(1, terms + 1)
     amplitudes = torch.rand(terms, generator=gen) * 2 - 1
