@@ -4,7 +4,8 @@ Applied to unnormalized log-mel frames (T, n_mels) of one utterance:
 - speed: resample the frame axis (a tempo change; phone durations stretch);
 - vocal-tract-length warp: resample the mel axis (formants move, as between speakers);
 - gain, an optional smooth random colouring of the mel axis (spectral tilt and broad bumps, as
-  between voices and channels), and additive noise in the power domain, at a random SNR;
+  between voices and channels), optional digital silence of random length before the speech,
+  and additive noise in the power domain, at a random SNR;
 then, after normalization, SpecAugment time and frequency masks.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .features import FeatureConfig
+
 
 @dataclass(frozen=True)
 class AugmentConfig:
@@ -24,6 +27,9 @@ class AugmentConfig:
     gain_db: float = 8.0  # +- uniform gain
     eq_db: float = 0.0  # at most this much smooth colouring of the mel axis; 0: none (no draws)
     eq_terms: int = 3  # cosines over the mel axis the colouring sums (1: a tilt only)
+    lead_silence_frames: int = 0  # up to this many frames of digital silence put before the
+    # speech (a stream's silence before a sentence); 0: none (no draws)
+    silence_log: float = math.log(FeatureConfig().log_floor)  # a silent frame's log-mel
     noise_prob: float = 0.2  # chance of additive noise
     snr_db_range: tuple[float, float] = (5.0, 30.0)
     freq_masks: int = 2  # SpecAugment
@@ -71,6 +77,9 @@ def augment_logmel(x: torch.Tensor, cfg: AugmentConfig, gen: torch.Generator) ->
     x = x + uniform(-cfg.gain_db, cfg.gain_db) * math.log(10) / 10
     if cfg.eq_db > 0:
         x = x + spectral_colouring(x.shape[1], cfg.eq_db, cfg.eq_terms, gen)
+    if cfg.lead_silence_frames > 0:
+        n = int(torch.randint(0, cfg.lead_silence_frames + 1, (), generator=gen))
+        x = torch.cat([x.new_full((n, x.shape[1]), cfg.silence_log), x])
     if torch.rand((), generator=gen).item() < cfg.noise_prob:
         power = x.exp()
         signal_db = 10 * math.log10(power.mean().item() + 1e-10)

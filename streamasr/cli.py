@@ -82,6 +82,7 @@ TRAIN_OPTIONS = (
     "speed_range",
     "warp_range",
     "eq_db",
+    "lead_silence_ms",
     "mt_detach",
     "freeze_encoder",
     "batch_tokens",
@@ -99,6 +100,8 @@ OPTION_HELP = {
     "val_utterances": "val utterances (text pairs with --cascade) validated on (default 60)",
     "eq_db": "augmentation: a smooth random colouring of the mel axis (spectral tilt and broad "
     "bumps), at most this many dB (default 0: none)",
+    "lead_silence_ms": "augmentation: digital silence of random length up to this many ms before "
+    "each utterance, as before a sentence in a stream (default 0: none)",
     "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
     "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",
     "cascade_dropout": "--cascade: dropout of the transcript translator (default 0.1)",

@@ -28,7 +28,7 @@ from .augment import AugmentConfig, augment_logmel, spec_augment
 from .bundle import TRANSCRIPT_TOKENIZER, Bundle, load_bundle, transcript_pieces
 from .config import ModelConfig
 from .decoding import SpeechWaitKTranslator, ctc_greedy_tokens, speech_units, translate_segment
-from .features import FeatureStats, LogMel, RunningStats
+from .features import FeatureConfig, FeatureStats, LogMel, RunningStats
 from .manifest import Utterance, read_manifest
 from .model import SpeechTranslator, wait_k_visible_frames
 from .policy import WaitK
@@ -62,6 +62,7 @@ class TrainConfig:
     speed_range: str = ""
     warp_range: str = ""
     eq_db: float = 0.0  # smooth random colouring of the mel axis, at most this many dB; 0: none
+    lead_silence_ms: int = 0  # up to this much silence put before each utterance; 0: none
     mt_detach: bool = True  # the translation loss trains the decoder only, not the encoder
     freeze_encoder: bool = False  # encoder fixed (no gradients, no CTC): decoder-only training
     grad_clip: float = 5.0
@@ -277,7 +278,10 @@ def augment_config(tcfg: TrainConfig) -> AugmentConfig:
         ranges[name] = (lo, hi)
     if tcfg.eq_db < 0:
         raise TrainError(f"--eq-db {tcfg.eq_db:g}: give a level >= 0 (0: no colouring)")
-    return replace(AugmentConfig(), **ranges, eq_db=tcfg.eq_db)
+    if tcfg.lead_silence_ms < 0:
+        raise TrainError(f"--lead-silence-ms {tcfg.lead_silence_ms}: give a length >= 0")
+    silence = tcfg.lead_silence_ms // FeatureConfig().hop_ms
+    return replace(AugmentConfig(), **ranges, eq_db=tcfg.eq_db, lead_silence_frames=silence)
 
 
 def loss_on_batch(

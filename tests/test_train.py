@@ -227,6 +227,23 @@ def test_spectral_colouring_is_smooth_bounded_and_off_by_default():
         augment_config(TrainConfig(eq_db=-1.0))
 
 
+def test_lead_silence_puts_silent_frames_before_the_speech():
+    x = torch.randn(50, 80)
+    plain = replace(AugmentConfig(), speed_range=(1.0, 1.0), warp_range=(1.0, 1.0), gain_db=0.0)
+    cfg = replace(plain, noise_prob=0.0, lead_silence_frames=30)
+    lengths = set()
+    for seed in range(20):
+        y = augment_logmel(x, cfg, torch.Generator().manual_seed(seed))
+        n = y.shape[0] - x.shape[0]
+        assert 0 <= n <= 30 and torch.equal(y[n:], x)
+        assert torch.all(y[:n] == math.log(1e-6))  # what the features give for digital zeros
+        lengths.add(n)
+    assert len(lengths) > 5
+    assert augment_config(TrainConfig(lead_silence_ms=2000)).lead_silence_frames == 200
+    with pytest.raises(TrainError, match="--lead-silence-ms"):
+        augment_config(TrainConfig(lead_silence_ms=-10))
+
+
 def test_train_chunk_ms_sets_the_chunks_drawn(tmp_path, tone, monkeypatch):
     assert train_chunk_frames(TINY, TrainConfig()) == TINY.chunk_frames_choices
     assert train_chunk_frames(TINY, TrainConfig(train_chunk_ms="160,160,320")) == (4, 4, 8)
