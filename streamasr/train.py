@@ -260,7 +260,7 @@ def train_chunk_frames(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[int, ...]:
 
 
 def augment_config(tcfg: TrainConfig) -> AugmentConfig:
-    """The augmentation of a run: AugmentConfig with the ranges and colouring `tcfg` names."""
+    """The augmentation of a run: AugmentConfig with the ranges, colouring and silence `tcfg` names."""
     ranges = {}
     for name in ("speed_range", "warp_range"):
         text = getattr(tcfg, name)
