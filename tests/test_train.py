@@ -211,10 +211,15 @@ def test_augment_ranges_come_from_the_flags():
             augment_config(TrainConfig(warp_range=bad))
 
 
+# the augmentation with speed, warp, gain and noise off: what is left is the part under test
+PLAIN_AUGMENT = replace(
+    AugmentConfig(), speed_range=(1.0, 1.0), warp_range=(1.0, 1.0), gain_db=0.0, noise_prob=0.0
+)
+
+
 def test_spectral_colouring_is_smooth_bounded_and_off_by_default():
     x = torch.randn(50, 80)
-    plain = replace(AugmentConfig(), speed_range=(1.0, 1.0), warp_range=(1.0, 1.0), gain_db=0.0)
-    plain = replace(plain, noise_prob=0.0)
+    plain = PLAIN_AUGMENT
     # off: the augmentation draws what it drew before the colouring existed
     assert torch.equal(augment_logmel(x, plain, torch.Generator().manual_seed(3)), x)
     cfg = replace(plain, eq_db=6.0)
@@ -229,8 +234,7 @@ def test_spectral_colouring_is_smooth_bounded_and_off_by_default():
 
 def test_lead_silence_puts_silent_frames_before_the_speech():
     x = torch.randn(50, 80)
-    plain = replace(AugmentConfig(), speed_range=(1.0, 1.0), warp_range=(1.0, 1.0), gain_db=0.0)
-    cfg = replace(plain, noise_prob=0.0, lead_silence_frames=30)
+    cfg = replace(PLAIN_AUGMENT, lead_silence_frames=30)
     lengths = set()
     for seed in range(20):
         y = augment_logmel(x, cfg, torch.Generator().manual_seed(seed))
