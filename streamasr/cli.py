@@ -591,6 +591,13 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     )
     ev.add_argument("--limit", type=_positive_int, help="first N utterances only")
     ev.add_argument(
+        "--lead-silence-ms",
+        type=_non_negative_int,
+        default=0,
+        help="digital silence put before each utterance, as after a pause in a live stream;"
+        " latencies count from its start (default 0: none)",
+    )
+    ev.add_argument(
         "--out", type=Path, default=Path("runs/eval"), help="output folder (default runs/eval)"
     )
     _add_decoder_options(ev)
@@ -612,10 +619,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"{args.manifest}: {len(missing)} audio files missing, first {missing[0]}")
     bundle, options = _load_model(args)
-    runs, instances = evaluate(bundle, utterances, args.wait_k, options)
+    runs, instances = evaluate(bundle, utterances, args.wait_k, options, args.lead_silence_ms)
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
     decoder = str(options.beam) if bundle.beam_search(options.beam) is not None else "greedy"
-    summary = write_outputs(args.out, model_name, options, runs, instances, decoder)
+    summary = write_outputs(
+        args.out, model_name, options, runs, instances, decoder, args.lead_silence_ms
+    )
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"
     )

@@ -20,7 +20,7 @@ import torch
 import torchaudio.functional as AF
 from tqdm import tqdm
 
-from .audio import load_audio
+from .audio import load_audio, ms_to_samples
 from .bundle import Bundle
 from .decoding import BeamOptions, CtcBeamSearch, TranslationSearch, ctc_greedy_tokens
 from .features import LogMel
@@ -261,17 +261,21 @@ def evaluate(
     utterances: list[Utterance],
     wait_ks: list[int | None],
     options: SessionOptions,
+    lead_silence_ms: int = 0,
 ) -> tuple[list[dict], list[Instance]]:
     """Every (utterance, k) through a fresh Session with `options` (its wait_k replaced by each
     k); returns the per-k runs and all instances.
 
     Each file is decoded in full context and its reference words aligned once, then streamed
-    once per k.
+    once per k. `lead_silence_ms` of digital silence before each file make it a sentence that
+    follows a pause, as in a live stream; it is part of the source, so latencies count from
+    the start of the silence.
     """
+    lead = np.zeros(ms_to_samples(lead_silence_ms), dtype=np.float32)
     per_k: dict[int | None, list[Instance]] = {k: [] for k in wait_ks}
     with tqdm(total=len(utterances) * len(wait_ks), desc="eval", unit="run") as bar:
         for utt in utterances:
-            audio = load_audio(utt.audio)
+            audio = np.concatenate([lead, load_audio(utt.audio)])
             offline = full_context_pass(bundle, audio, utt.text, options.beam)
             for k in wait_ks:
                 run = replace(options, wait_k=k)
@@ -298,6 +302,7 @@ def write_outputs(
     runs: list[dict],
     instances: list[Instance],
     decoder: str = "greedy",
+    lead_silence_ms: int = 0,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "instances.jsonl", "w", encoding="utf-8") as f:
@@ -309,6 +314,7 @@ def write_outputs(
         "decoder": decoder,
         "translate_from": options.translate_from,
         "translation_search": asdict(options.translation),
+        "lead_silence_ms": lead_silence_ms,
         "runs": runs,
         # the transcript does not depend on k: one k's instances give every voice's WER
         "wer_by_voice": wer_by_voice([i for i in instances if i.wait_k == runs[0]["wait_k"]]),
@@ -414,9 +420,11 @@ def results_section(eval_dirs: list[Path]) -> str:
         source = summary.get("translate_from", "speech")  # eval folders before the cascade
         # eval folders from before these settings decoded greedily without the guard
         search = TranslationSearch(**summary.get("translation_search", {"no_repeat_ngram": 0}))
+        silence = summary.get("lead_silence_ms", 0)
+        after = f", each after {silence} ms of silence" if silence else ""
         parts.append(
             f"**{summary['chunk_ms']} ms chunks, translation from the {source}**"
-            f" ({summary['model']}, {count} utterances,"
+            f" ({summary['model']}, {count} utterances{after},"
             f" {summary.get('decoder', 'greedy')} transcript search,"
             f" translation {search}, `{folder}`):\n"
         )

@@ -159,3 +159,33 @@ def test_manifest_voices_are_names(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"id": "a", "audio": "a.wav", "voice": 3}\n{"id": "b", "audio": "b.wav"}\n')
     assert [u.voice for u in read_manifest(path)] == ["3", None]  # sortable beside other names
+
+
+def test_lead_silence_is_the_same_as_silence_in_the_files(
+    manifest, tmp_path, tone, tiny_bundle_dir, capsys
+):
+    """--lead-silence-ms streams each file after that much digital silence: the outputs equal
+    those of files that hold the silence themselves, latencies counted from its start."""
+    padded = tmp_path / "padded"
+    (padded / "wav").mkdir(parents=True)
+    for name in ("a", "b"):
+        audio, rate = sf.read(tmp_path / "wav" / f"{name}.wav", dtype="float32")
+        sf.write(padded / "wav" / f"{name}.wav", np.concatenate([np.zeros(8000), audio]), rate)
+    (padded / "m.jsonl").write_text(manifest.read_text())
+
+    def run(path, out, *extra):
+        args = ["eval", str(path), "--model", str(tiny_bundle_dir), "--wait-k", "2,inf"]
+        assert main([*args, "--out", str(out), *extra]) == 0
+        lines = (out / "instances.jsonl").read_text().splitlines()
+        keep = ("transcript", "translation", "source_ms", "delays_ms", "full_context_transcript")
+        instances = [{k: json.loads(line)[k] for k in keep} for line in lines]
+        return json.loads((out / "summary.json").read_text()), instances
+
+    silent, silent_instances = run(manifest, tmp_path / "e1", "--lead-silence-ms", "500")
+    files, file_instances = run(padded / "m.jsonl", tmp_path / "e2")
+    assert silent["lead_silence_ms"] == 500 and files["lead_silence_ms"] == 0
+    assert silent_instances == file_instances
+    assert silent_instances[0]["source_ms"] == pytest.approx(500 + len(tone) / 16)
+    capsys.readouterr()
+    assert main(["results", str(tmp_path / "e1")]) == 0
+    assert "each after 500 ms of silence" in capsys.readouterr().out
