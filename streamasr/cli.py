@@ -639,6 +639,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{voice}: WER {wer['wer']:.1f} % ({wer['wer_full_context']:.1f} % full context),"
                 f" {wer['utterances']} utt"
             )
+    first = summary["first_words_wrong"]
+    if first["utterances"]:
+        print(
+            f"first word wrong: {first['streaming']} of {first['utterances']} utt"
+            f" ({first['full_context']} full context)"
+        )
     print(f"wrote {args.out}/summary.json, instances.jsonl, latency_quality.png")
     return 0
 

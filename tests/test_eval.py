@@ -85,6 +85,13 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
     assert summary["wer_by_voice"] == {
         "x": {"utterances": 1, "wer": pytest.approx(wer_b[0]), "wer_full_context": pytest.approx(wer_b[1])}
     }  # fmt: skip
+    first_wrong = [
+        sum(i[key].split()[:1] != [ref] for i, ref in zip(instances[:2], ("a", "two")))
+        for key in ("transcript", "full_context_transcript")
+    ]
+    assert summary["first_words_wrong"] == {
+        "utterances": 2, "streaming": first_wrong[0], "full_context": first_wrong[1]
+    }  # fmt: skip
     assert len({r["wer_full_context"] for r in summary["runs"]}) == 1  # one offline pass per file
     for utt in ("a", "b"):
         assert len({i["full_context_transcript"] for i in instances if i["id"] == utt}) == 1
@@ -94,6 +101,7 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
     assert (out / "latency_quality.png").stat().st_size > 1000
     table = capsys.readouterr().out
     assert "LAAL" in table and "inf" in table and "x: WER" in table
+    assert "first word wrong: " in table
 
     # The README section names the run's settings and holds its table.
     readme = tmp_path / "README.md"
