@@ -90,6 +90,11 @@ class Bundle:
                 shutil.copyfile(self.lm_folder / name, folder / name)
 
 
+def lm_folder(folder: Path) -> Path | None:
+    """`folder` if it holds a word LM (lm.arpa and lexicon.txt), else None."""
+    return folder if all((folder / name).is_file() for name in (LM_FILE, LEXICON_FILE)) else None
+
+
 def transcript_pieces(folder: Path, config: ModelConfig) -> Tokenizer | None:
     """The cascade's own source tokenizer in a model or work folder, if the config asks for one."""
     if not config.transcript_vocab:
@@ -156,6 +161,6 @@ def load_bundle(folder: str | Path | None = None) -> Bundle:
         stats=FeatureStats(mean=stats["mean"], std=stats["std"]),
         en=Tokenizer(folder / "en.model"),
         de=Tokenizer(folder / "de.model"),
-        lm_folder=folder if all((folder / f).is_file() for f in (LM_FILE, LEXICON_FILE)) else None,
+        lm_folder=lm_folder(folder),
         transcript_pieces=pieces,
     )

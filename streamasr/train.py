@@ -25,10 +25,11 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .augment import AugmentConfig, augment_logmel, spec_augment
-from .bundle import TRANSCRIPT_TOKENIZER, Bundle, load_bundle, transcript_pieces
+from .bundle import TRANSCRIPT_TOKENIZER, Bundle, lm_folder, load_bundle, transcript_pieces
 from .config import ModelConfig
 from .decoding import SpeechWaitKTranslator, ctc_greedy_tokens, speech_units, translate_segment
 from .features import FeatureConfig, FeatureStats, LogMel, RunningStats
+from .lm import LEXICON_FILE, LM_FILE
 from .manifest import Utterance, read_manifest
 from .model import SpeechTranslator, wait_k_visible_frames
 from .policy import WaitK
@@ -527,12 +528,15 @@ def _train_mode(model: SpeechTranslator, tcfg: TrainConfig) -> None:
 
 
 def _warm_start_files(init: Path, work: Path) -> ModelConfig:
-    """Copy a model folder's tokenizers and statistics into a new work folder; its config."""
+    """Copy a model folder's tokenizers, statistics and word LM (spelled in the same English
+    pieces, so it serves the run's export too) into a new work folder; its config."""
     work.mkdir(parents=True, exist_ok=True)
     cfg = ModelConfig.load(init / "config.json")
     names = ["en.model", "de.model", "feature_stats.safetensors"]
     if cfg.transcript_vocab:
         names.append(TRANSCRIPT_TOKENIZER)
+    if lm_folder(init) is not None:
+        names += [LM_FILE, LEXICON_FILE]
     for name in names:
         shutil.copyfile(init / name, work / name)
     return cfg
@@ -564,7 +568,8 @@ def _save_checkpoint(path: Path, model, opt, step, epoch, position, gen, rng) ->
 
 
 def export(work: Path, out: Path) -> Path:
-    """Write a model folder from the work folder's latest checkpoint."""
+    """Write a model folder from the work folder's latest checkpoint (with the word LM of the
+    model folder it started from, if that had one)."""
     saved = json.loads((work / "config.json").read_text())
     cfg = ModelConfig.from_json(saved["model"])
     model = SpeechTranslator(cfg)
@@ -576,6 +581,7 @@ def export(work: Path, out: Path) -> Path:
         FeatureStats(stats["mean"], stats["std"]),
         Tokenizer(work / "en.model"),
         Tokenizer(work / "de.model"),
+        lm_folder=lm_folder(work),
         transcript_pieces=transcript_pieces(work, cfg),
     )
     bundle.save(out)

@@ -95,10 +95,16 @@ def test_warm_start_from_a_model_folder(tmp_path, tone):
     )
     first = train(corpus, tmp_path / "a", TINY, tcfg)
     folder = export(tmp_path / "a", tmp_path / "model")
+    assert not (folder / "lm.arpa").exists()  # a run from scratch has no word LM
+    (folder / "lm.arpa").write_text("\\data\\\n")
+    (folder / "lexicon.txt").write_text("a\t▁a\n")
     second = train(
         corpus, tmp_path / "b", ModelConfig(), tcfg, init=folder
     )  # shape comes from init
     assert_same_weights(first, second)  # lr 0: the warm start is exactly the exported weights
+    again = export(tmp_path / "b", tmp_path / "again")  # the init's word LM comes along
+    for name in ("lm.arpa", "lexicon.txt"):
+        assert (again / name).read_bytes() == (folder / name).read_bytes()
 
 
 def test_warm_start_adds_lookahead_at_zero_then_learns_it(tmp_path, tone):
