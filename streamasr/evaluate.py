@@ -220,8 +220,8 @@ def wer_by_voice(instances: list[Instance]) -> dict[str, dict]:
 
 def first_words_wrong(instances: list[Instance]) -> dict:
     """How many utterances begin with a wrong (or missing) word, streamed and in full context:
-    the sentence's start is where streaming loses most (a quarter to a half of its word errors
-    with run 11's weights, model card)."""
+    the sentence's start is where streaming loses most (a quarter to a half of the word errors
+    streaming adds, with run 11's weights; model card)."""
     with_text = [i for i in instances if normalize_transcript(i.text_ref or "")]
 
     def wrong(hyp: str, ref: str) -> bool:
