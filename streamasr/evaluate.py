@@ -222,15 +222,16 @@ def first_words_wrong(instances: list[Instance]) -> dict:
     """How many utterances begin with a wrong (or missing) word, streamed and in full context:
     the sentence's start is where streaming loses most (a quarter to a half of the word errors
     streaming adds, with run 11's weights; model card)."""
-    with_text = [i for i in instances if normalize_transcript(i.text_ref or "")]
 
-    def wrong(hyp: str, ref: str) -> bool:
-        return normalize_transcript(hyp).split()[:1] != normalize_transcript(ref).split()[:1]
+    def first(text: str | None) -> list[str]:
+        return normalize_transcript(text or "").split()[:1]
 
+    refs = [(i, first(i.text_ref)) for i in instances]
+    with_text = [(i, ref) for i, ref in refs if ref]
     return {
         "utterances": len(with_text),
-        "streaming": sum(wrong(i.transcript, i.text_ref) for i in with_text),
-        "full_context": sum(wrong(i.full_context_transcript, i.text_ref) for i in with_text),
+        "streaming": sum(first(i.transcript) != ref for i, ref in with_text),
+        "full_context": sum(first(i.full_context_transcript) != ref for i, ref in with_text),
     }
 
 
