@@ -310,6 +310,7 @@ def _wait_k(text: str) -> int | None:
 def _add_decoder_options(p: argparse.ArgumentParser) -> None:
     from .config import TRANSLATION_SOURCES
     from .decoding import DEFAULT_BEAM as default
+    from .session import SessionOptions
 
     p.add_argument(
         "--decoder",
@@ -332,10 +333,20 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--commit-ms",
-        type=_commit_ms,
+        type=_ms_or_none,
         default=default.commit_ms,
         help="commit the beam's best words once they are this old (bounds the transcript's"
         f" delay); none: only when every hypothesis agrees (default {default.commit_ms})",
+    )
+    pause_lookback = SessionOptions().pause_lookback_ms
+    p.add_argument(
+        "--pause-lookback-ms",
+        type=_ms_or_none,
+        metavar="MS",
+        default=pause_lookback,
+        help="before speech and in pauses, the encoder looks back at most this far, so a"
+        " pause's silence is forgotten; none: the model's whole lookback"
+        f" (default {pause_lookback})",
     )
     p.add_argument(
         "--translate-from",
@@ -375,7 +386,7 @@ def translation_search(args: argparse.Namespace):
     return TranslationSearch(args.translation_beam, args.no_repeat_ngram)
 
 
-def _commit_ms(text: str) -> int | None:
+def _ms_or_none(text: str) -> int | None:
     if text.strip().lower() == "none":
         return None
     try:
@@ -387,8 +398,8 @@ def _commit_ms(text: str) -> int | None:
     return value
 
 
-def _commit_ms_list(text: str) -> list[int | None]:
-    return [_commit_ms(item) for item in text.split(",") if item.strip()]
+def _ms_or_none_list(text: str) -> list[int | None]:
+    return [_ms_or_none(item) for item in text.split(",") if item.strip()]
 
 
 def _beam_options(args: argparse.Namespace):
@@ -469,6 +480,7 @@ def _load_model(args: argparse.Namespace, **options):
         translate_from=_translate_from(args, bundle),
         beam=_beam_options(args),
         translation=translation_search(args),
+        pause_lookback_ms=args.pause_lookback_ms,
         **options,
     )
 
@@ -729,7 +741,7 @@ def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
     commit = DEFAULT_BEAM.commit_ms
     tune.add_argument(
         "--commit-ms",
-        type=_commit_ms_list,
+        type=_ms_or_none_list,
         default=[commit],
         help=f"commit lookbacks, e.g. none,320,640 (default {commit})",
     )

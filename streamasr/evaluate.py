@@ -333,6 +333,7 @@ def write_outputs(
         "translate_from": options.translate_from,
         "translation_search": asdict(options.translation),
         "lead_silence_ms": lead_silence_ms,
+        "pause_lookback_ms": options.pause_lookback_ms,
         "runs": runs,
         # the transcript does not depend on k: one k's instances give every voice's WER
         "wer_by_voice": wer_by_voice(one_k),
@@ -441,6 +442,8 @@ def results_section(eval_dirs: list[Path]) -> str:
         search = TranslationSearch(**summary.get("translation_search", {"no_repeat_ngram": 0}))
         silence = summary.get("lead_silence_ms", 0)
         after = f", each after {silence} ms of silence" if silence else ""
+        lookback = summary.get("pause_lookback_ms")  # absent in folders from before the option
+        after += f", pause lookback {lookback} ms" if lookback is not None else ""
         parts.append(
             f"**{summary['chunk_ms']} ms chunks, translation from the {source}**"
             f" ({summary['model']}, {count} utterances{after},"

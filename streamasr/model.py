@@ -140,6 +140,19 @@ class EncoderState:
     ahead: Tensor  # (B, n, D): subsampled frames not yet complete (their chunk or lookahead)
     chunk_frames: int  # the chunk grid the blocks run on (0: one piece per step)
 
+    def forget(self, keep_frames: int) -> EncoderState:
+        """The state with every attention cache cut to its last keep_frames frames: the next
+        chunks look back no further (the convolution and subsampling tails are kept)."""
+        layers = tuple(
+            replace(
+                layer,
+                keys=layer.keys[:, :, max(0, layer.keys.shape[2] - keep_frames) :],
+                values=layer.values[:, :, max(0, layer.values.shape[2] - keep_frames) :],
+            )
+            for layer in self.layers
+        )
+        return replace(self, layers=layers)
+
 
 class Lookahead(nn.Module):
     """Right context before the attention blocks: each frame adds a linear map of the next

@@ -46,6 +46,10 @@ class SessionOptions:
     endpoint_ms: int = 800  # a run of blank frames this long closes a segment
     lead_in_ms: int = 640  # audio before the first transcript token that still joins the segment
     max_segment_ms: int = 20_000  # close a segment that runs this long without a pause
+    pause_lookback_ms: int | None = 160  # outside a segment (before speech, in a pause), the
+    # encoder looks back at most this far: a pause's silence is forgotten, and speech after it
+    # is read as the training sentences, which begin after a short silence; None: the model's
+    # whole lookback
     beam: BeamOptions | None = DEFAULT_BEAM  # transcript beam search with the model's word LM;
     # None, or a model folder without an LM: greedy CTC
     translation: TranslationSearch = DEFAULT_TRANSLATION  # token choice of the translator
@@ -283,6 +287,10 @@ class Session:
         feats = self.bundle.stats.normalize(self.pending_feats[:feature_frames])
         self.pending_feats = self.pending_feats[feature_frames:]
         self.feature_frames_used += feature_frames
+        if self.options.pause_lookback_ms is not None and not self.segment.started:
+            self.encoder_state = self.encoder_state.forget(
+                self.options.pause_lookback_ms // cfg.frame_ms
+            )
         frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state, final)
         first_frame = self.encoder_state.frames_done - frames.shape[1]
         events: list[Event] = []

@@ -12,6 +12,7 @@ import soundfile as sf
 from streamasr.cli import main
 from streamasr.manifest import read_manifest
 from streamasr.metrics import average_lagging, length_adaptive_average_lagging
+from streamasr.session import SessionOptions
 from streamasr.text import normalize_transcript
 
 RUN_KEYS = {"wait_k", "wer", "wer_full_context", "bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset",
@@ -192,8 +193,11 @@ def test_lead_silence_is_the_same_as_silence_in_the_files(
     silent, silent_instances = run(manifest, tmp_path / "e1", "--lead-silence-ms", "500")
     files, file_instances = run(padded / "m.jsonl", tmp_path / "e2")
     assert silent["lead_silence_ms"] == 500 and files["lead_silence_ms"] == 0
+    assert silent["pause_lookback_ms"] == SessionOptions().pause_lookback_ms
     assert silent_instances == file_instances
     assert silent_instances[0]["source_ms"] == pytest.approx(500 + len(tone) / 16)
     capsys.readouterr()
     assert main(["results", str(tmp_path / "e1")]) == 0
-    assert "each after 500 ms of silence" in capsys.readouterr().out
+    heading = capsys.readouterr().out
+    assert "each after 500 ms of silence" in heading
+    assert f"pause lookback {SessionOptions().pause_lookback_ms} ms" in heading

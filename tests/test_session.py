@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+import torch
 
 from streamasr import session as session_module
 from streamasr.decoding import TranslationSearch
@@ -165,7 +168,8 @@ def test_lookahead_session_equals_the_whole_pass(lookahead_bundle, tone, chunk_m
     from streamasr.evaluate import ctc_log_probs
 
     audio = np.concatenate([tone, np.zeros(16000, np.float32), tone])
-    results = [run(lookahead_bundle, audio, n, chunk_ms=chunk_ms) for n in (160, 16000)]
+    options = dict(chunk_ms=chunk_ms, pause_lookback_ms=None)  # the whole pass never forgets
+    results = [run(lookahead_bundle, audio, n, **options) for n in (160, 16000)]
     assert texts(results[0][1]) == texts(results[1][1])
     session = results[0][0]
     chunk_frames = lookahead_bundle.config.chunk_frames(chunk_ms)
@@ -173,3 +177,35 @@ def test_lookahead_session_equals_the_whole_pass(lookahead_bundle, tone, chunk_m
     assert session.encoder_state.frames_done == log_probs.shape[0]
     whole = lookahead_bundle.en.decode(ctc_greedy_tokens(log_probs)).split()
     assert [w.text for w in session.transcript_words] == whole != []
+
+
+@pytest.mark.parametrize("pause_lookback_ms", [None, 160])
+def test_pause_lookback_forgets_the_silence_before_speech(
+    tiny_bundle, tone, monkeypatch, pause_lookback_ms
+):
+    """With a pause lookback, speech after 1.28 s of silence is read as after 3.84 s: the
+    encoder does not look back past the pause's last frames. Without it, the longer lookback
+    (64 frames, 2.56 s here) still reaches the stream's start after the shorter pause."""
+    encoder = tiny_bundle.model.encoder
+    monkeypatch.setattr(encoder, "cfg", dataclasses.replace(encoder.cfg, left_context_frames=64))
+    model, log_probs = tiny_bundle.model, []
+    ctc_log_probs = model.ctc_log_probs
+
+    def spy(frames):
+        log_probs.append(ctc_log_probs(frames)[0])
+        return log_probs[-1][None]
+
+    monkeypatch.setattr(model, "ctc_log_probs", spy)
+    speech_frames = len(tone) // 640  # 40 ms encoder frames
+    after = []
+    for pause_s in (1.28, 3.84):  # whole 320 ms chunks: the speech starts on a chunk boundary
+        log_probs.clear()
+        audio = np.concatenate([np.zeros(int(pause_s * 16000), np.float32), tone])
+        session, _ = run(tiny_bundle, audio, 3200, pause_lookback_ms=pause_lookback_ms)
+        after.append(torch.cat(log_probs)[-speech_frames:])
+        assert any(w.text for w in session.transcript_words)  # the tone was read as speech
+    gap = (after[0] - after[1]).abs().max().item()
+    if pause_lookback_ms is None:
+        assert gap > 1e-3
+    else:
+        assert gap <= 1e-4
