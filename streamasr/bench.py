@@ -1,5 +1,5 @@
-"""Streaming benchmark: speed and memory of one long stream, made of corpus utterances joined
-with pauses and fed piece by piece (the stream itself is never held in memory)."""
+"""Streaming benchmark: speed, memory and WER of one long stream, made of corpus utterances
+joined with pauses and fed piece by piece (the stream itself is never held in memory)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ import resource
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import jiwer
 import numpy as np
 
-from .audio import load_audio, ms_to_samples
+from .audio import SAMPLES_PER_MS, load_audio, ms_to_samples
 from .bundle import Bundle
 from .manifest import Utterance
 from .session import Session, SessionOptions
+from .text import normalize_transcript
+
+PAUSE_MS = 1000  # between the utterances of a stream
 
 
 def rss_mb() -> float:
@@ -21,26 +25,33 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def long_stream(
-    utterances: list[Utterance], minutes: float, pause_ms: float, piece_ms: float
-) -> Iterator[np.ndarray]:
-    """Pieces of utterance, pause, utterance, ... until `minutes` of audio, cycling the list."""
-    total, piece = ms_to_samples(minutes * 60_000), ms_to_samples(piece_ms)
-    sent, index = 0, 0
-    while sent < total:
-        audio = np.concatenate(
-            [
-                load_audio(utterances[index % len(utterances)].audio),
-                np.zeros(ms_to_samples(pause_ms), np.float32),
-            ]
-        )
-        index += 1
+def stream_plan(utterances: list[Utterance], minutes: float, pause_ms: float) -> list[Utterance]:
+    """The utterances, cycled, that one stream of at least `minutes` plays, each followed by a
+    pause: whole utterances, so that their transcripts are the stream's reference."""
+    plan, total_ms = [], 0.0
+    while total_ms < minutes * 60_000:
+        plan.append(utterances[len(plan) % len(utterances)])
+        duration_ms = plan[-1].duration_ms or len(load_audio(plan[-1].audio)) / SAMPLES_PER_MS
+        total_ms += duration_ms + pause_ms
+    return plan
+
+
+def long_stream(plan: list[Utterance], pause_ms: float, piece_ms: float) -> Iterator[np.ndarray]:
+    """Pieces of utterance, pause, utterance, ... (one utterance in memory at a time)."""
+    piece, pause = ms_to_samples(piece_ms), np.zeros(ms_to_samples(pause_ms), np.float32)
+    for utterance in plan:
+        audio = np.concatenate([load_audio(utterance.audio), pause])
         for start in range(0, len(audio), piece):
-            chunk = audio[start : start + piece][: total - sent]
-            if len(chunk) == 0:
-                return
-            sent += len(chunk)
-            yield chunk
+            yield audio[start : start + piece]
+
+
+def stream_wer(plan: list[Utterance], words: list[str]) -> float | None:
+    """WER (%) of a stream's transcript against its utterances' transcripts in a row; None
+    when an utterance has none."""
+    if any(u.text is None for u in plan):
+        return None
+    reference = " ".join(normalize_transcript(u.text) for u in plan)
+    return 100 * jiwer.wer(reference, normalize_transcript(" ".join(words)))
 
 
 @dataclass(frozen=True)
@@ -53,15 +64,17 @@ class BenchResult:
     rss_peak_mb: float  # highest resident memory sampled during the stream
     rss_end_mb: float
     segments: int
+    wer: float | None  # the whole stream's transcript (None: the manifest has no transcripts)
 
 
 def bench_stream(
     bundle: Bundle, utterances: list[Utterance], minutes: float, options: SessionOptions
 ) -> BenchResult:
+    plan = stream_plan(utterances, minutes, PAUSE_MS)
     session = Session(bundle, options, stream=f"bench-{minutes}min")
     start = rss_mb()
     peak = start
-    for i, piece in enumerate(long_stream(utterances, minutes, pause_ms=1000, piece_ms=100)):
+    for i, piece in enumerate(long_stream(plan, PAUSE_MS, piece_ms=100)):
         session.accept(piece)
         if i % 100 == 0:  # every 10 s of audio
             peak = max(peak, rss_mb())
@@ -76,4 +89,5 @@ def bench_stream(
         rss_peak_mb=max(peak, rss_mb()),
         rss_end_mb=rss_mb(),
         segments=len(session.segments),
+        wer=stream_wer(plan, [w.text for w in session.transcript_words]),
     )

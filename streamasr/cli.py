@@ -814,13 +814,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     utterances = read_manifest(args.manifest, limit=200)
     bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
     print(
-        "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB  segments"
+        "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB"
+        "  segments  WER %"
     )
     for minutes in lengths:
         r = bench_stream(bundle, utterances, minutes, options)
         print(
             f"{r.minutes:7.1f}  {r.rtf:.3f}  {r.chunk_p50_ms:12.1f}  {r.chunk_p99_ms:12.1f}  "
-            f"{r.rss_start_mb:12.0f}  {r.rss_peak_mb:11.0f}  {r.rss_end_mb:10.0f}  {r.segments:8d}",
+            f"{r.rss_start_mb:12.0f}  {r.rss_peak_mb:11.0f}  {r.rss_end_mb:10.0f}  {r.segments:8d}"
+            f"  {'-' if r.wer is None else f'{r.wer:5.2f}'}",
             flush=True,
         )
     return 0

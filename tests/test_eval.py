@@ -201,3 +201,30 @@ def test_lead_silence_is_the_same_as_silence_in_the_files(
     heading = capsys.readouterr().out
     assert "each after 500 ms of silence" in heading
     assert f"pause lookback {SessionOptions().pause_lookback_ms} ms" in heading
+
+
+def test_bench_streams_whole_utterances_and_scores_their_transcripts(manifest, tone, tiny_bundle):
+    import dataclasses
+
+    from streamasr import bench
+
+    utterances = read_manifest(manifest)  # a: 2.3 s, b: 4.6 s
+    plan = bench.stream_plan(utterances, 0.15, bench.PAUSE_MS)  # 9 s: a, b, then a again
+    assert [u.id for u in plan] == ["a", "b", "a"]
+    played = sum(len(piece) for piece in bench.long_stream(plan, bench.PAUSE_MS, 100))
+    assert played == 4 * len(tone) + 3 * 16000
+    words = "a man in an orange hat two dogs play a man in an orange hat".split()
+    assert bench.stream_wer(plan, words) == 0
+    assert bench.stream_wer(plan, ["A", "Man,"] + words[2:-1]) == pytest.approx(100 / 15)
+    no_text = [dataclasses.replace(u, text=None) for u in plan]
+    assert bench.stream_wer(no_text, words) is None
+    options = SessionOptions(translate=False)
+    result = bench.bench_stream(tiny_bundle, utterances, 0.15, options)
+    assert result.wer is not None and result.wer >= 0 and result.segments >= 1
+
+
+def test_bench_prints_speed_memory_and_wer(manifest, tiny_bundle_dir, capsys):
+    assert main(["bench", str(manifest), "--model", str(tiny_bundle_dir), "--minutes", "0.1"]) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert header.split()[-2:] == ["WER", "%"]
+    assert len(row.split()) == 9 and float(row.split()[-1]) >= 0
