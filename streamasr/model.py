@@ -131,6 +131,18 @@ class LayerState:
     values: Tensor  # (B, H, T_cache, Dh)
     conv_tail: Tensor  # (B, kernel - 1, D): depthwise conv inputs carried
 
+    def forget(self, keep_frames: int) -> LayerState:
+        """Only the last keep_frames frames: older keys and values dropped, older conv inputs 0."""
+        cut = max(0, self.keys.shape[2] - keep_frames)
+        old = max(0, self.conv_tail.shape[1] - keep_frames)
+        return LayerState(
+            keys=self.keys[:, :, cut:],
+            values=self.values[:, :, cut:],
+            conv_tail=torch.cat(
+                [torch.zeros_like(self.conv_tail[:, :old]), self.conv_tail[:, old:]], dim=1
+            ),
+        )
+
 
 @dataclass(frozen=True)
 class EncoderState:
@@ -141,17 +153,10 @@ class EncoderState:
     chunk_frames: int  # the chunk grid the blocks run on (0: one piece per step)
 
     def forget(self, keep_frames: int) -> EncoderState:
-        """The state with every attention cache cut to its last keep_frames frames: the next
-        chunks look back no further (the convolution and subsampling tails are kept)."""
-        layers = tuple(
-            replace(
-                layer,
-                keys=layer.keys[:, :, max(0, layer.keys.shape[2] - keep_frames) :],
-                values=layer.values[:, :, max(0, layer.values.shape[2] - keep_frames) :],
-            )
-            for layer in self.layers
-        )
-        return replace(self, layers=layers)
+        """The state as if the stream had begun keep_frames frames ago: every attention cache
+        cut to its last keep_frames frames, and the convolutions' inputs before those zeros, as
+        at a stream's start (the subsampling's few feature frames are kept)."""
+        return replace(self, layers=tuple(layer.forget(keep_frames) for layer in self.layers))
 
 
 class Lookahead(nn.Module):
