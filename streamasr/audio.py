@@ -32,6 +32,12 @@ def to_mono_16k(samples: np.ndarray, rate: int) -> np.ndarray:
     return samples
 
 
+def audio_duration_ms(path: str | Path) -> float:
+    """A sound file's length from its header, without decoding it."""
+    info = sf.info(str(path))
+    return info.frames * 1000 / info.samplerate
+
+
 def load_audio(path: str | Path) -> np.ndarray:
     """Read a wav/flac/ogg file of any rate and channel count as 16 kHz mono float32.
 

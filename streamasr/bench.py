@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import jiwer
 import numpy as np
 
-from .audio import SAMPLES_PER_MS, load_audio, ms_to_samples
+from .audio import audio_duration_ms, load_audio, ms_to_samples
 from .bundle import Bundle
 from .manifest import Utterance
 from .session import Session, SessionOptions
@@ -31,8 +31,7 @@ def stream_plan(utterances: list[Utterance], minutes: float, pause_ms: float) ->
     plan, total_ms = [], 0.0
     while total_ms < minutes * 60_000:
         plan.append(utterances[len(plan) % len(utterances)])
-        duration_ms = plan[-1].duration_ms or len(load_audio(plan[-1].audio)) / SAMPLES_PER_MS
-        total_ms += duration_ms + pause_ms
+        total_ms += (plan[-1].duration_ms or audio_duration_ms(plan[-1].audio)) + pause_ms
     return plan
 
 

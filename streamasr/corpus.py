@@ -26,7 +26,7 @@ import numpy as np
 import soundfile as sf
 from tqdm import tqdm
 
-from .audio import SAMPLE_RATE
+from .audio import SAMPLE_RATE, audio_duration_ms
 from .voices import KOKORO_VOICES, PIPER_VOICES, Voice, eval_voices
 
 log = logging.getLogger(__name__)
@@ -278,12 +278,11 @@ def synthesize(job: Job, out_dir: Path) -> dict:
             sox += _sox_effects(job.prosody)
             subprocess.run(sox, check=True, capture_output=True, timeout=120)
             shutil.move(tmp_out, target)
-    info = sf.info(str(target))
     row = {"id": job.id, "audio": job.audio, "text": job.text}
     if job.translation is not None:
         row["translation"] = job.translation
     row["voice"] = str(job.voice)
-    row["duration_ms"] = round(info.frames * 1000 / info.samplerate, 1)
+    row["duration_ms"] = round(audio_duration_ms(target), 1)
     row["prosody"] = asdict(job.prosody)
     return row
 

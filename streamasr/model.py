@@ -34,6 +34,11 @@ def sinusoids(length: int, dim: int) -> Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
+def last_frames(x: Tensor, n: int, dim: int) -> Tensor:
+    """The last n entries of x along dim (all of them when it has fewer)."""
+    return x.narrow(dim, max(0, x.shape[dim] - n), min(n, x.shape[dim]))
+
+
 def chunk_starts(num_frames: int, chunk_frames: int, offset: int = 0, device=None) -> Tensor:
     """(T,) the first frame of each frame's chunk (negative for a first chunk cut short)."""
     t = torch.arange(num_frames, device=device)
@@ -133,14 +138,12 @@ class LayerState:
 
     def forget(self, keep_frames: int) -> LayerState:
         """Only the last keep_frames frames: older keys and values dropped, older conv inputs 0."""
-        cut = max(0, self.keys.shape[2] - keep_frames)
-        old = max(0, self.conv_tail.shape[1] - keep_frames)
+        kept = last_frames(self.conv_tail, keep_frames, dim=1)
+        older = self.conv_tail.shape[1] - kept.shape[1]
         return LayerState(
-            keys=self.keys[:, :, cut:],
-            values=self.values[:, :, cut:],
-            conv_tail=torch.cat(
-                [torch.zeros_like(self.conv_tail[:, :old]), self.conv_tail[:, old:]], dim=1
-            ),
+            keys=last_frames(self.keys, keep_frames, dim=2),
+            values=last_frames(self.values, keep_frames, dim=2),
+            conv_tail=torch.cat([kept.new_zeros(kept.shape[0], older, kept.shape[2]), kept], 1),
         )
 
 
@@ -230,11 +233,7 @@ class ChunkedSelfAttention(nn.Module):
         keys = torch.cat([keys, k[:, :, :cached]], dim=2)
         values = torch.cat([values, v[:, :, :cached]], dim=2)
         # The next chunk may look back left_frames before its own start: keep exactly those.
-        return (
-            y,
-            keys[:, :, keys.shape[2] - min(left_frames, keys.shape[2]) :],
-            values[:, :, values.shape[2] - min(left_frames, values.shape[2]) :],
-        )
+        return y, last_frames(keys, left_frames, dim=2), last_frames(values, left_frames, dim=2)
 
 
 class CausalConvModule(nn.Module):

@@ -195,6 +195,8 @@ class Session:
         cfg = bundle.config
         self.bundle, self.options, self.stream = bundle, options, stream
         self.chunk_frames = cfg.chunk_frames(options.chunk_ms)
+        lookback = options.pause_lookback_ms
+        self.pause_keep_frames = None if lookback is None else lookback // cfg.frame_ms
         self.feature_frames_per_chunk = self.chunk_frames * cfg.subsampling
         self.features = StreamingLogMel(LogMel(cfg.feature_config()))
         self.feature_state = self.features.init_state()
@@ -287,10 +289,8 @@ class Session:
         feats = self.bundle.stats.normalize(self.pending_feats[:feature_frames])
         self.pending_feats = self.pending_feats[feature_frames:]
         self.feature_frames_used += feature_frames
-        if self.options.pause_lookback_ms is not None and not self.segment.started:
-            self.encoder_state = self.encoder_state.forget(
-                self.options.pause_lookback_ms // cfg.frame_ms
-            )
+        if self.pause_keep_frames is not None and not self.segment.started:
+            self.encoder_state = self.encoder_state.forget(self.pause_keep_frames)
         frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state, final)
         first_frame = self.encoder_state.frames_done - frames.shape[1]
         events: list[Event] = []
