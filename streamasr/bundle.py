@@ -1,7 +1,6 @@
 """A model folder: config.json, model.safetensors, feature_stats.safetensors, en.model, de.model,
 transcript.model where the cascade reads pieces of its own (config `transcript_vocab`), and
-optionally the transcript word LM (lm.arpa, lexicon.txt; word_rnn.safetensors, a word LSTM mixed
-with it) for CTC beam search.
+optionally the transcript word LM (lm.arpa, lexicon.txt) for CTC beam search.
 
 Loading reads JSON, safetensors, sentencepiece and text files only: nothing is unpickled.
 """
@@ -11,7 +10,7 @@ from __future__ import annotations
 import filecmp
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from .features import FeatureStats
 from .lm import LEXICON_FILE, LM_FILE
 from .model import SpeechTranslator
 from .text import Tokenizer
-from .word_rnn import WORD_RNN_FILE
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "base"
 # Output layers tied to their embeddings: saved once, under the embedding's name.
@@ -62,18 +60,12 @@ class Bundle:
         if self.lm_folder is None:
             raise ModelFolderError("this model folder has no word LM (lm.arpa, lexicon.txt)")
         tokens = [self.en.sp.id_to_piece(i) for i in range(len(self.en))]
-        rnn = self.lm_folder / WORD_RNN_FILE
-        return WordLM(
-            self.lm_folder / LEXICON_FILE, self.lm_folder / LM_FILE, tokens,
-            rnn if rnn.is_file() else None,
-        )  # fmt: skip
+        return WordLM(self.lm_folder / LEXICON_FILE, self.lm_folder / LM_FILE, tokens)
 
     def beam_search(self, options: BeamOptions | None) -> CtcBeamSearch | None:
         """A transcript beam search, or None for greedy CTC (no options, or no word LM)."""
         if options is None or not self.has_lm:
             return None
-        if options.lm_mix and self.word_lm.rnn is None:
-            options = replace(options, lm_mix=0.0)  # no word LSTM here: the n-gram alone
         return CtcBeamSearch(self.word_lm, options, self.config.frame_ms)
 
     def save(self, folder: Path) -> None:
@@ -94,9 +86,8 @@ class Bundle:
             if tok.path.resolve() != (folder / name).resolve():
                 shutil.copyfile(tok.path, folder / name)
         if self.lm_folder is not None and self.lm_folder.resolve() != folder.resolve():
-            for name in (LM_FILE, LEXICON_FILE, WORD_RNN_FILE):
-                if (self.lm_folder / name).is_file():
-                    shutil.copyfile(self.lm_folder / name, folder / name)
+            for name in (LM_FILE, LEXICON_FILE):
+                shutil.copyfile(self.lm_folder / name, folder / name)
 
 
 def lm_folder(folder: Path) -> Path | None:

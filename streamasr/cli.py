@@ -204,22 +204,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "lm", help="add a word LM of the training transcripts to a model folder (beam search)"
     )
     source = lm.add_mutually_exclusive_group(required=True)
-    source.add_argument("--corpus", type=Path, help="corpus folder (train.jsonl, val.jsonl)")
+    source.add_argument("--corpus", type=Path, help="corpus folder (train.jsonl)")
     source.add_argument(
-        "--multi30k", type=Path, help="or a Multi30k folder (train.en, val.en): the same texts"
+        "--multi30k", type=Path, help="or a Multi30k folder (train.en): the same sentences"
     )
     lm.add_argument("--model", type=Path, required=True, help="model folder to add it to")
     lm.add_argument("--order", type=_positive_int, default=3, help="n-gram order (default 3)")
-    lm.add_argument(
-        "--rnn-epochs",
-        type=int,
-        default=0,
-        help="also train a word LSTM for this many epochs, kept at its best validation"
-        " perplexity, for the beam search to mix with the n-gram (--lm-mix; default 0: none)",
-    )
-    lm.add_argument("--rnn-dim", type=_positive_int, default=256, help="LSTM width (default 256)")
-    lm.add_argument("--rnn-layers", type=_positive_int, default=1, help="LSTM layers (default 1)")
-    lm.add_argument("--seed", type=int, default=0, help="LSTM training seed (default 0)")
     lm.set_defaults(func=cmd_lm)
 
 
@@ -267,55 +257,27 @@ def cmd_lm(args: argparse.Namespace) -> int:
 
     if not (args.model / "en.model").is_file():
         raise UsageError(f"{args.model}: no en.model (not a model folder)")
-    texts = _lm_texts(args, "train")
+    texts = _lm_texts(args)
     sizes = build_transcript_lm(texts, Tokenizer(args.model / "en.model"), args.model, args.order)
     counts = ", ".join(f"{count} {n}-grams" for n, count in sizes.items())
     print(f"wrote {args.model / LM_FILE} ({counts} from {len(texts)} sentences), {LEXICON_FILE}")
-    if args.rnn_epochs > 0:
-        _train_word_rnn(args, texts)
     return 0
 
 
-def _lm_texts(args: argparse.Namespace, split: str) -> list[str]:
-    """The English sentences of a split, from the corpus manifest or the Multi30k folder."""
+def _lm_texts(args: argparse.Namespace) -> list[str]:
+    """The train split's English sentences, from the corpus manifest or the Multi30k folder."""
     from .corpus import CorpusError, read_multi30k
     from .manifest import read_manifest
 
     if args.multi30k is not None:
         try:
-            return read_multi30k(args.multi30k, split)[0]
+            return read_multi30k(args.multi30k, "train")[0]
         except CorpusError as err:
             raise UsageError(str(err)) from None
-    manifest = args.corpus / f"{split}.jsonl"
+    manifest = args.corpus / "train.jsonl"
     if not manifest.is_file():
-        raise UsageError(f"{args.corpus}: no {split}.jsonl (build it with `streamasr data build`)")
+        raise UsageError(f"{args.corpus}: no train.jsonl (build it with `streamasr data build`)")
     return [row.text for row in read_manifest(manifest) if row.text]
-
-
-def _train_word_rnn(args: argparse.Namespace, texts: list[str]) -> None:
-    import torch
-
-    from .bundle import load_bundle
-    from .decoding import lm_perplexity
-    from .lm import LEXICON_FILE
-    from .text import normalize_transcript
-    from .word_rnn import WORD_RNN_FILE, WordRnn, WordRnnConfig, train_word_rnn
-
-    train = [normalize_transcript(text).split() for text in texts]
-    val = [normalize_transcript(text).split() for text in _lm_texts(args, "val")]
-    with open(args.model / LEXICON_FILE, encoding="utf-8") as f:
-        words = [line.split("\t")[0] for line in f]
-    torch.manual_seed(args.seed)
-    rnn = WordRnn(words, WordRnnConfig(dim=args.rnn_dim, layers=args.rnn_layers))
-    history = train_word_rnn(rnn, train, val, args.rnn_epochs, seed=args.seed)
-    if not history:
-        raise UsageError("the word LSTM was stopped before its first epoch ended: not written")
-    rnn.save(args.model / WORD_RNN_FILE)
-    print(f"wrote {args.model / WORD_RNN_FILE} (epoch {history.index(min(history)) + 1})")
-    lm = load_bundle(args.model).word_lm
-    print("validation perplexity per word, by the LSTM's share of the mix:")
-    for mix in (0.0, 0.25, 0.5, 0.75, 1.0):
-        print(f"  {mix:4.2f}  {lm_perplexity(lm, val, mix):7.2f}")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -350,16 +312,6 @@ def _int_at_least(minimum: int, what: str):
 
 _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
-    return value
 
 
 def _wait_k(text: str) -> int | None:
@@ -402,15 +354,6 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
         default=default.token_beam,
         help="try only this many of a frame's most likely pieces (faster); default"
         f" {default.token_beam or 'every piece'}",
-    )
-    p.add_argument(
-        "--lm-mix",
-        type=_fraction,
-        metavar="MIX",
-        default=default.lm_mix,
-        help="the word LSTM's share of each word's LM probability, mixed with the n-gram's,"
-        f" where the model folder has one (word_rnn.safetensors); 0: n-gram alone"
-        f" (default {default.lm_mix:g})",
     )
     p.add_argument(
         "--commit-ms",
@@ -489,8 +432,7 @@ def _beam_options(args: argparse.Namespace):
     if args.decoder == "greedy":
         return None
     return BeamOptions(
-        args.beam_size, args.lm_weight, args.word_score, args.commit_ms, args.lm_mix,
-        args.token_beam,
+        args.beam_size, args.lm_weight, args.word_score, args.commit_ms, args.token_beam,
     )  # fmt: skip
 
 
@@ -717,8 +659,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     bundle, options = _load_model(args)
     runs, instances = evaluate(bundle, utterances, args.wait_k, options, args.lead_silence_ms)
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
-    search = bundle.beam_search(options.beam)
-    decoder = str(search.options) if search is not None else "greedy"
+    decoder = str(options.beam) if bundle.beam_search(options.beam) is not None else "greedy"
     summary = write_outputs(
         args.out, model_name, options, runs, instances, decoder, args.lead_silence_ms
     )
@@ -830,12 +771,6 @@ def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
         help="pieces tried per frame, e.g. 8,16; 0: every piece"
         f" (default {DEFAULT_BEAM.token_beam or 0})",
     )
-    tune.add_argument(
-        "--lm-mixes",
-        type=_float_list,
-        default=[DEFAULT_BEAM.lm_mix],
-        help=f"the word LSTM's shares, e.g. 0,0.5 (default {DEFAULT_BEAM.lm_mix:g})",
-    )
     commit = DEFAULT_BEAM.commit_ms
     tune.add_argument(
         "--commit-ms",
@@ -862,39 +797,32 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
         bundle.config.chunk_frames(args.chunk_ms)
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
-    if any(mix for mix in args.lm_mixes) and bundle.word_lm.rnn is None:
-        raise UsageError(
-            "--lm-mixes: the model folder has no word LSTM (`streamasr lm --rnn-epochs`)"
-        )
-    if not all(0.0 <= mix <= 1.0 for mix in args.lm_mixes):
-        raise UsageError(f"--lm-mixes: expected numbers from 0 to 1, got {args.lm_mixes}")
     grid = [
-        BeamOptions(int(size), weight, score, commit, mix, int(tokens) or None)
+        BeamOptions(int(size), weight, score, commit, int(tokens) or None)
         for size in args.beam_sizes
         for weight in args.lm_weights
         for score in args.word_scores
         for commit in args.commit_ms
-        for mix in args.lm_mixes
         for tokens in args.token_beams
     ]
     rows = tune_beam(bundle, utterances, args.chunk_ms, grid)
     print(f"{len(utterances)} utterances, {args.chunk_ms} ms chunks")
-    print("beam_size  lm_weight  word_score  commit_ms  lm_mix  tokens   WER %  delay ms")
+    print("beam_size  token_beam  lm_weight  word_score  commit_ms   WER %  delay ms")
     for row in rows:
         if row.options is None:
-            print(f"{'greedy':>9}  {'':>9}  {'':>10}  {'':>9}  {'':>6}  {'':>6}  {row.wer:6.2f}")
+            print(f"{'greedy':>9}  {'':>10}  {'':>9}  {'':>10}  {'':>9}  {row.wer:6.2f}")
             continue
         o = row.options
         delay = "-" if row.delay_ms is None else f"{row.delay_ms:.0f}"
         print(
-            f"{o.beam_size:>9}  {o.lm_weight:>9g}  {o.word_score:>10g}  {str(o.commit_ms):>9}"
-            f"  {o.lm_mix:>6g}  {str(o.token_beam or 'all'):>6}  {row.wer:6.2f}  {delay:>8}"
+            f"{o.beam_size:>9}  {str(o.token_beam or 'all'):>10}  {o.lm_weight:>9g}"
+            f"  {o.word_score:>10g}  {str(o.commit_ms):>9}  {row.wer:6.2f}  {delay:>8}"
         )
     best = min(rows[1:], key=lambda row: row.wer)
     o = best.options
     print(
         f"best: --beam-size {o.beam_size} --lm-weight {o.lm_weight:g}"
-        f" --word-score {o.word_score:g} --commit-ms {o.commit_ms} --lm-mix {o.lm_mix:g}"
+        f" --word-score {o.word_score:g} --commit-ms {o.commit_ms}"
         + ("" if o.token_beam is None else f" --token-beam {o.token_beam}")
         + f" ({best.wer:.2f} % WER)"
     )

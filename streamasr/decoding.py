@@ -11,22 +11,18 @@ that long (the beam then forgets the history before it). Emitted words are never
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
-from flashlight.lib.text.decoder import LM, LMState
 from torch import Tensor
 
 from .model import DecoderState, SpeechTranslator, TranslationDecoder
 from .policy import Action, PolicyView, WaitK
 from .text import Tokenizer
-from .word_rnn import UNK, RnnState, WordRnn
 
 BLANK = 0  # CTC blank of the transcript vocabulary
 PAD = 0  # padding id of the translation vocabulary
@@ -61,23 +57,21 @@ def ctc_greedy_tokens(log_probs: Tensor) -> list[int]:
 class BeamOptions:
     """Defaults chosen with `streamasr tune-lm` on data/tune (training voices) for models/base."""
 
-    beam_size: int = 48  # hypotheses kept per frame
+    beam_size: int = 192  # hypotheses kept per frame
     lm_weight: float = 1.25  # weight of the LM's log10 probability (acoustic scores are ln)
     word_score: float = 0.5  # added per word (a length bonus)
     commit_ms: int | None = 640  # commit the best path this far back; None: on agreement only
-    lm_mix: float = 0.0  # the word LSTM's share of each word's LM probability (0: n-gram alone)
-    token_beam: int | None = None  # most likely pieces tried per frame; None: every piece
+    token_beam: int | None = 8  # most likely pieces tried per frame; None: every piece
 
 
 DEFAULT_BEAM = BeamOptions()
 
 
 class WordLM:
-    """A model folder's word LM (ARPA), its lexicon as a trie over the transcript pieces, and
-    the word LSTM where the folder has one; built once and shared by every search (building
-    the trie takes a fifth of a second)."""
+    """A model folder's word LM (ARPA) and its lexicon as a trie over the transcript pieces,
+    built once and shared by every search (building the trie takes a fifth of a second)."""
 
-    def __init__(self, lexicon: Path, arpa: Path, tokens: list[str], rnn: Path | None = None):
+    def __init__(self, lexicon: Path, arpa: Path, tokens: list[str]):
         from flashlight.lib.text.decoder import SmearingMode, Trie
         from flashlight.lib.text.decoder.kenlm import KenLM
         from flashlight.lib.text.dictionary import Dictionary, create_word_dict, load_words
@@ -96,100 +90,6 @@ class WordLM:
             for pieces in pieces_list:
                 self.trie.insert([self.tokens.get_index(p) for p in pieces], index, score)
         self.trie.smear(SmearingMode.MAX)
-        self.rnn = WordRnn.load(rnn) if rnn is not None else None
-        if self.rnn is not None:  # the search's word index -> the LSTM's
-            unk = self.rnn.index[UNK]
-            self.rnn_ids = [
-                self.rnn.index.get(self.words.get_entry(i), unk)
-                for i in range(self.words.index_size())
-            ]
-
-
-class MixedLM(LM):
-    """The word n-gram and the word LSTM as one LM for flashlight's decoder: a word's score is
-    log10(mix * p_lstm + (1 - mix) * p_ngram) given the segment's words before it.
-
-    The decoder names a context by an LMState (one child per word); each holds its n-gram state
-    and, once a word is scored after it, the LSTM's state and next-word log10-probs. One search
-    owns one MixedLM; the contexts are dropped when its next segment begins (`start`)."""
-
-    def __init__(self, lm: WordLM, mix: float):
-        super().__init__()
-        if not 0.0 < mix <= 1.0 or lm.rnn is None:
-            raise ValueError(f"a mixed LM needs a word LSTM and 0 < mix <= 1, got mix={mix}")
-        self.ngram, self.rnn, self.rnn_ids = lm.kenlm, lm.rnn, lm.rnn_ids
-        self.end_key = lm.words.index_size()  # the child key of </s>
-        self.log10_mix = math.log10(mix)
-        self.log10_rest = math.log10(1.0 - mix) if mix < 1.0 else -math.inf
-        self.contexts: dict[LMState, _Context] = {}
-
-    def start(self, start_with_nothing: bool) -> LMState:
-        self.contexts.clear()
-        state = LMState()
-        self.contexts[state] = _Context(self.ngram.start(start_with_nothing), self.rnn.bos_id)
-        return state
-
-    def score(self, state: LMState, word: int) -> tuple[LMState, float]:
-        return self._extend(state, word, self.rnn_ids[word])
-
-    def finish(self, state: LMState) -> tuple[LMState, float]:
-        return self._extend(state, self.end_key, self.rnn.eos_id)
-
-    def _extend(self, state: LMState, key: int, rnn_word: int) -> tuple[LMState, float]:
-        child = state.child(key)
-        known = self.contexts.get(child)
-        if known is None:
-            context = self.contexts[state]
-            if key == self.end_key:
-                ngram_state, ngram_log10 = self.ngram.finish(context.ngram_state)
-            else:
-                ngram_state, ngram_log10 = self.ngram.score(context.ngram_state, key)
-            rnn_log10 = float(self._next_log10(context)[rnn_word])
-            score = _log10_add(self.log10_mix + rnn_log10, self.log10_rest + ngram_log10)
-            known = self.contexts[child] = _Context(ngram_state, rnn_word, context, score)
-        return child, known.score
-
-    def _next_log10(self, context: _Context) -> np.ndarray:
-        if context.next_log10 is None:
-            before = context.parent.rnn_state if context.parent else self.rnn.init_state()
-            context.next_log10, context.rnn_state = self.rnn.step(context.word, before)
-            context.parent = None  # its state has been read
-        return context.next_log10
-
-
-@dataclass(eq=False)
-class _Context:
-    """What MixedLM knows of one decoder LM state."""
-
-    ngram_state: LMState
-    word: int  # the LSTM id of its last word (<s> at the root)
-    parent: _Context | None = None  # until its own LSTM state is computed
-    score: float = 0.0  # log10 of its last word's mixed probability
-    rnn_state: RnnState | None = None
-    next_log10: np.ndarray | None = None  # (V,) log10-probs of the word after it
-
-
-def lm_perplexity(lm: WordLM, sentences: Sequence[Sequence[str]], mix: float = 0.0) -> float:
-    """Per-word perplexity (</s> counted as a word) of word lists under the search's word LM:
-    the n-gram alone (mix 0) or mixed with the LSTM. Words outside the lexicon read as <unk>."""
-    scorer = MixedLM(lm, mix) if mix else lm.kenlm
-    unk = lm.words.get_index(UNK)
-    total, count = 0.0, 0
-    for words in sentences:
-        state = scorer.start(False)
-        for word in words:
-            state, score = scorer.score(
-                state, lm.words.get_index(word) if lm.words.contains(word) else unk
-            )
-            total += score
-        total += scorer.finish(state)[1]
-        count += len(words) + 1
-    return 10 ** (-total / count)
-
-
-def _log10_add(a: float, b: float) -> float:
-    high, low = max(a, b), min(a, b)
-    return high if low == -math.inf else high + math.log10(1.0 + 10.0 ** (low - high))
 
 
 @contextlib.contextmanager
@@ -231,10 +131,8 @@ class CtcBeamSearch:
             criterion_type=CriterionType.CTC,
         )
         unk = lm.words.get_index("<unk>")
-        # The decoder keeps only a C++ reference: the mixed LM must live as long as the search.
-        self.word_lm = MixedLM(lm, options.lm_mix) if options.lm_mix else lm.kenlm
         self.decoder = LexiconDecoder(
-            decoder_options, lm.trie, self.word_lm, lm.silence, BLANK, unk, [], False
+            decoder_options, lm.trie, lm.kenlm, lm.silence, BLANK, unk, [], False
         )
         self.emitted = 0  # words emitted from the hypotheses' root frame on
 

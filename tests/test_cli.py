@@ -180,41 +180,27 @@ def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
     assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 0
     capsys.readouterr()
     args = ["--limit", "2", "--lm-weights", "0.5,2", "--word-scores", "0", "--beam-sizes", "4"]
-    assert main(["tune-lm", manifest, "--model", str(model), *args]) == 0
+    assert main(["tune-lm", manifest, "--model", str(model), *args, "--token-beams", "0,8"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].split()[0] == "greedy"
-    assert [line.split()[:3] for line in lines[3:5]] == [["4", "0.5", "0"], ["4", "2", "0"]]
-    assert lines[5].startswith("best: --beam-size 4")
+    rows = [line.split()[:4] for line in lines[3:7]]
+    assert rows == [
+        ["4", "all", "0.5", "0"], ["4", "8", "0.5", "0"], ["4", "all", "2", "0"], ["4", "8", "2", "0"]
+    ]  # fmt: skip
+    assert lines[7].startswith("best: --beam-size 4")
 
 
-def test_lm_command_trains_a_word_lstm_that_the_search_mixes_in(
-    capsys, tmp_path, wav, corpus_and_model
-):
+def test_lm_command_reads_multi30k_text_as_the_corpus_manifest(capsys, tmp_path, corpus_and_model):
     from conftest import SENTENCES_EN
 
     corpus, model = corpus_and_model
-    multi30k = tmp_path / "multi30k"
-    multi30k.mkdir()
-    (multi30k / "train.en").write_text("".join(s + "\n" for s in SENTENCES_EN))
-    (multi30k / "val.en").write_text("".join(s + "\n" for s in SENTENCES_EN[:4]))
-    manifest = str(corpus / "train.jsonl")
-    assert main(["lm", "--multi30k", str(multi30k), "--model", str(model)]) == 0
-    tune = ["tune-lm", manifest, "--model", str(model), "--limit", "2", "--beam-sizes", "4"]
-    assert main([*tune, "--lm-mixes", "0.5"]) == 2
-    assert "no word LSTM" in capsys.readouterr().err
-    rnn = ["--rnn-epochs", "2", "--rnn-dim", "8"]
-    assert main(["lm", "--multi30k", str(multi30k), "--model", str(model), *rnn]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert "word_rnn.safetensors" in out[1] and out[2].startswith("validation perplexity")
-    mixes = [line.split() for line in out[3:]]
-    assert [m[0] for m in mixes] == ["0.00", "0.25", "0.50", "0.75", "1.00"]
-    assert all(float(m[1]) > 1 for m in mixes)
-    assert main([*tune, "--lm-weights", "1", "--word-scores", "0", "--lm-mixes", "0,0.5"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[4] for line in lines[3:5]] == ["0", "0.5"]
-    code, out, _ = transcribe(capsys, wav, "--model", model, "--format", "jsonl", "--lm-mix", "0.5")
-    assert code == 0 and out
-    assert main(["lm", "--multi30k", str(tmp_path), "--model", str(model)]) == 2
+    assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 0
+    from_manifest = (model / "lm.arpa").read_text()
+    (tmp_path / "train.en").write_text("".join(s + "\n" for s in SENTENCES_EN))
+    assert main(["lm", "--multi30k", str(tmp_path), "--model", str(model)]) == 0
+    assert (model / "lm.arpa").read_text() == from_manifest
+    capsys.readouterr()
+    assert main(["lm", "--multi30k", str(tmp_path / "nowhere"), "--model", str(model)]) == 2
     assert "no train.en" in capsys.readouterr().err
 
 
