@@ -807,7 +807,7 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
     ]
     rows = tune_beam(bundle, utterances, args.chunk_ms, grid)
     print(f"{len(utterances)} utterances, {args.chunk_ms} ms chunks")
-    print("beam_size  token_beam  lm_weight  word_score  commit_ms   WER %  delay ms")
+    print("beam_size  token_beam  lm_weight  word_score  commit_ms   WER %  delay ms  search s")
     for row in rows:
         if row.options is None:
             print(f"{'greedy':>9}  {'':>10}  {'':>9}  {'':>10}  {'':>9}  {row.wer:6.2f}")
@@ -817,6 +817,7 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
         print(
             f"{o.beam_size:>9}  {str(o.token_beam or 'all'):>10}  {o.lm_weight:>9g}"
             f"  {o.word_score:>10g}  {str(o.commit_ms):>9}  {row.wer:6.2f}  {delay:>8}"
+            f"  {row.search_s:8.1f}"
         )
     best = min(rows[1:], key=lambda row: row.wer)
     o = best.options

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -88,6 +89,7 @@ class TuneResult:
     options: BeamOptions | None  # None: greedy search
     wer: float
     delay_ms: float | None  # mean emission delay of correct words (beam settings only)
+    search_s: float | None = None  # wall time of the search over all utterances (beam only)
 
 
 def tune_beam(
@@ -107,14 +109,18 @@ def tune_beam(
     rows = [TuneResult(None, 100 * jiwer.wer(refs, greedy), None)]
     for options in tqdm(grid, desc="search", unit="setting"):
         search = bundle.beam_search(options)
+        started = time.perf_counter()
+        timed = [
+            _stream_search(search, lp, chunk_frames, bundle.config.frame_ms) for lp in log_probs
+        ]
+        search_s = time.perf_counter() - started
         hyps, delays = [], []
-        for lp, ref, ref_ends in zip(log_probs, refs, ends):
-            timed = _stream_search(search, lp, chunk_frames, bundle.config.frame_ms)
-            words = [word for word, _ in timed]
+        for words_ms, ref, ref_ends in zip(timed, refs, ends):
+            words = [word for word, _ in words_ms]
             hyps.append(" ".join(words))
-            delays += emission_delays(words, [ms for _, ms in timed], ref.split(), ref_ends)
+            delays += emission_delays(words, [ms for _, ms in words_ms], ref.split(), ref_ends)
         mean_delay = sum(delays) / len(delays) if delays else None
-        rows.append(TuneResult(options, 100 * jiwer.wer(refs, hyps), mean_delay))
+        rows.append(TuneResult(options, 100 * jiwer.wer(refs, hyps), mean_delay, search_s))
     return rows
 
 

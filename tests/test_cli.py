@@ -187,6 +187,7 @@ def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
     assert rows == [
         ["4", "all", "0.5", "0"], ["4", "8", "0.5", "0"], ["4", "all", "2", "0"], ["4", "8", "2", "0"]
     ]  # fmt: skip
+    assert all(float(line.split()[-1]) >= 0 for line in lines[3:7])  # search seconds
     assert lines[7].startswith("best: --beam-size 4")
 
 
