@@ -432,8 +432,8 @@ def _beam_options(args: argparse.Namespace):
     if args.decoder == "greedy":
         return None
     return BeamOptions(
-        args.beam_size, args.lm_weight, args.word_score, args.commit_ms, args.token_beam,
-    )  # fmt: skip
+        args.beam_size, args.lm_weight, args.word_score, args.commit_ms, args.token_beam
+    )
 
 
 def _translate_from(args: argparse.Namespace, bundle) -> str:
