@@ -349,11 +349,11 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--token-beam",
-        type=_positive_int,
+        type=_non_negative_int,
         metavar="N",
-        default=default.token_beam,
-        help="try only this many of a frame's most likely pieces (faster); default"
-        f" {default.token_beam or 'every piece'}",
+        default=default.token_beam or 0,
+        help="try only this many of a frame's most likely pieces (faster); 0: every piece"
+        f" (default {default.token_beam or 0})",
     )
     p.add_argument(
         "--commit-ms",
@@ -432,7 +432,7 @@ def _beam_options(args: argparse.Namespace):
     if args.decoder == "greedy":
         return None
     return BeamOptions(
-        args.beam_size, args.lm_weight, args.word_score, args.commit_ms, args.token_beam
+        args.beam_size, args.lm_weight, args.word_score, args.commit_ms, args.token_beam or None
     )
 
 
@@ -824,8 +824,7 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
     print(
         f"best: --beam-size {o.beam_size} --lm-weight {o.lm_weight:g}"
         f" --word-score {o.word_score:g} --commit-ms {o.commit_ms}"
-        + ("" if o.token_beam is None else f" --token-beam {o.token_beam}")
-        + f" ({best.wer:.2f} % WER)"
+        f" --token-beam {o.token_beam or 0} ({best.wer:.2f} % WER)"
     )
     return 0
 
