@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,tts]'
+	$(PY) -m pip install -q -e '.[test,tts,lm]'
 	touch $@
 
 clean-venv:

@@ -10,6 +10,10 @@ from pathlib import Path
 
 from .voices import VoiceError
 
+# `streamasr lm --open-vocab`: common English words admitted beside the transcripts' (chosen on
+# the tuning set of training voices among 10k-100k; model card, "An open vocabulary")
+OPEN_VOCAB = 50_000
+
 log = logging.getLogger("streamasr")
 
 
@@ -210,6 +214,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     lm.add_argument("--model", type=Path, required=True, help="model folder to add it to")
     lm.add_argument("--order", type=_positive_int, default=3, help="n-gram order (default 3)")
+    lm.add_argument(
+        "--open-vocab",
+        type=_non_negative_int,
+        default=OPEN_VOCAB,
+        metavar="N",
+        help="also admit the N most common English words (wordfreq), ranked by their frequency "
+        f"in general text, so that words the transcripts lack can be recognized (default "
+        f"{OPEN_VOCAB}; 0: the transcripts' words only)",
+    )
     lm.set_defaults(func=cmd_lm)
 
 
@@ -252,15 +265,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_lm(args: argparse.Namespace) -> int:
-    from .lm import LEXICON_FILE, LM_FILE, build_transcript_lm
+    from .lm import LEXICON_FILE, LM_FILE, build_transcript_lm, english_word_frequencies
     from .text import Tokenizer
 
     if not (args.model / "en.model").is_file():
         raise UsageError(f"{args.model}: no en.model (not a model folder)")
     texts = _lm_texts(args)
-    sizes = build_transcript_lm(texts, Tokenizer(args.model / "en.model"), args.model, args.order)
+    try:
+        prior = english_word_frequencies(args.open_vocab) if args.open_vocab else None
+    except ImportError as err:
+        raise UsageError(f"{err} (or --open-vocab 0)") from None
+    en = Tokenizer(args.model / "en.model")
+    sizes = build_transcript_lm(texts, en, args.model, args.order, prior)
     counts = ", ".join(f"{count} {n}-grams" for n, count in sizes.items())
-    print(f"wrote {args.model / LM_FILE} ({counts} from {len(texts)} sentences), {LEXICON_FILE}")
+    words = sum(1 for _ in open(args.model / LEXICON_FILE, encoding="utf-8"))
+    print(
+        f"wrote {args.model / LM_FILE} ({counts} from {len(texts)} sentences"
+        f"{f' and {len(prior)} common English words' if prior else ''}), "
+        f"{LEXICON_FILE} ({words} words)"
+    )
     return 0
 
 

@@ -13,13 +13,15 @@ word gets back-off(h) * p(w | shorter h), which is the interpolated value.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .text import Tokenizer, normalize_transcript
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+_LETTERS = re.compile(r"[a-z]+(?:'[a-z]+)?")
 Ngram = tuple[str, ...]
 
 
@@ -49,11 +51,24 @@ def _discount(counts: Counter[Ngram]) -> float:
     return n1 / (n1 + 2 * n2) if n1 and n2 else 0.5
 
 
-def build_arpa(sentences: Iterable[list[str]], path: str | Path, order: int = 3) -> dict[int, int]:
+def build_arpa(
+    sentences: Iterable[list[str]],
+    path: str | Path,
+    order: int = 3,
+    prior: Mapping[str, float] | None = None,
+) -> dict[int, int]:
     """Estimate an interpolated Kneser-Ney model of word lists; write it as ARPA.
-    Returns the number of n-grams per order."""
+    Returns the number of n-grams per order.
+
+    The unigrams' interpolation mass (what the discount frees: the chance of a word not seen
+    in this position) goes to a base distribution over the vocabulary, uniform without a
+    `prior` (word -> relative frequency in general text). With one, the prior's words join the
+    vocabulary and those the sentences lack are weighted by it (`_base_distribution`): an open
+    vocabulary whose unseen words rank by how common they are."""
     counts = _adjusted_counts(sentences, order)
-    vocab = sorted({g[0] for g in counts[0]} | {EOS, UNK})
+    seen = {g[0] for g in counts[0]} | {EOS, UNK}
+    vocab = sorted(seen | set(prior or ()))
+    base = _base_distribution(seen, vocab, prior)
     prob: list[dict[Ngram, float]] = [{} for _ in range(order)]
     backoff: list[dict[Ngram, float]] = [{} for _ in range(order)]
     for n in range(1, order + 1):
@@ -67,10 +82,9 @@ def build_arpa(sentences: Iterable[list[str]], path: str | Path, order: int = 3)
         for context, total in totals.items():
             gamma = d * types[context] / total
             if n == 1:
-                uniform = gamma / len(vocab)
                 for word in vocab:
                     c = grams.get((word,), 0)
-                    prob[0][(word,)] = max(c - d, 0) / total + uniform
+                    prob[0][(word,)] = max(c - d, 0) / total + gamma * base[word]
             else:
                 backoff[n - 2][context] = gamma
         if n > 1:
@@ -84,6 +98,21 @@ def build_arpa(sentences: Iterable[list[str]], path: str | Path, order: int = 3)
     backoff[0].setdefault((BOS,), 1.0)
     _write_arpa(path, prob, backoff)
     return {n + 1: len(p) for n, p in enumerate(prob)}
+
+
+def _base_distribution(
+    seen: set[str], vocab: list[str], prior: Mapping[str, float] | None
+) -> dict[str, float]:
+    """Uniform over the vocabulary; with a prior, its words not seen in training take the share
+    of the prior's mass that falls on them, each in proportion to its frequency, and the seen
+    words (and </s>, <unk>) share the rest evenly, as they shared all of it without one."""
+    new = [word for word in vocab if word not in seen] if prior else []
+    if not new:
+        return dict.fromkeys(vocab, 1 / len(vocab))
+    total = sum(prior.get(word, 0.0) for word in vocab)
+    base = {word: prior[word] / total for word in new}
+    rest = (1 - sum(base.values())) / (len(vocab) - len(new))
+    return {word: base.get(word, rest) for word in vocab}
 
 
 def _write_arpa(path: str | Path, prob: list[dict], backoff: list[dict]) -> None:
@@ -107,12 +136,38 @@ def _write_arpa(path: str | Path, prob: list[dict], backoff: list[dict]) -> None
 LM_FILE, LEXICON_FILE = "lm.arpa", "lexicon.txt"
 
 
-def build_transcript_lm(texts: Iterable[str], en: Tokenizer, folder: Path, order: int = 3) -> dict:
+def english_word_frequencies(n: int) -> dict[str, float]:
+    """The n most common English words and their frequencies in general text (wordfreq's
+    large list: Wikipedia, subtitles, news, books, web text, ...), words of letters (and an
+    apostrophe) only: wordfreq writes every digit as 0."""
+    try:
+        import wordfreq
+    except ImportError:
+        raise ImportError(
+            "an open vocabulary needs wordfreq: pip install 'streamasr[lm]'"
+        ) from None
+    words = wordfreq.top_n_list("en", n, wordlist="large")
+    return {
+        word: wordfreq.word_frequency(word, "en", wordlist="large")
+        for word in words
+        if _LETTERS.fullmatch(word)
+    }
+
+
+def build_transcript_lm(
+    texts: Iterable[str],
+    en: Tokenizer,
+    folder: Path,
+    order: int = 3,
+    prior: Mapping[str, float] | None = None,
+) -> dict:
     """The model folder's word LM of normalized transcripts and its lexicon (each LM word
-    spelled in the transcript tokenizer's pieces). Returns n-gram counts per order."""
+    spelled in the transcript tokenizer's pieces); `prior`: general word frequencies that open
+    the vocabulary (`build_arpa`). Returns n-gram counts per order."""
     sentences = [normalize_transcript(text).split() for text in texts]
-    sizes = build_arpa(sentences, folder / LM_FILE, order)
-    words = sorted({w for s in sentences for w in s})
+    prior = {w: f for w, f in (prior or {}).items() if normalize_transcript(w) == w and w}
+    sizes = build_arpa(sentences, folder / LM_FILE, order, prior)
+    words = sorted({w for s in sentences for w in s} | set(prior))
     with open(folder / LEXICON_FILE, "w", encoding="utf-8") as f:
         for word in words:
             pieces = en.sp.encode(word, out_type=str)

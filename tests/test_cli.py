@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -160,7 +161,7 @@ def test_lm_command_adds_a_word_lm_that_transcribe_uses(capsys, tmp_path, wav, c
     from streamasr.bundle import load_bundle
 
     corpus, model = corpus_and_model
-    assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 0
+    assert main(["lm", "--corpus", str(corpus), "--model", str(model), "--open-vocab", "0"]) == 0
     assert "1-grams" in capsys.readouterr().out
     assert load_bundle(model).has_lm
     code, out, _ = transcribe(capsys, wav, "--model", model, "--format", "jsonl")
@@ -177,7 +178,7 @@ def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
     manifest = str(corpus / "train.jsonl")
     assert main(["tune-lm", manifest, "--model", str(model), "--limit", "2"]) == 2
     assert "no word LM" in capsys.readouterr().err
-    assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 0
+    assert main(["lm", "--corpus", str(corpus), "--model", str(model), "--open-vocab", "0"]) == 0
     capsys.readouterr()
     args = ["--limit", "2", "--lm-weights", "0.5,2", "--word-scores", "0", "--beam-sizes", "4"]
     assert main(["tune-lm", manifest, "--model", str(model), *args, "--token-beams", "0,8"]) == 0
@@ -230,3 +231,15 @@ def test_multi30k_text_is_for_cascade_training(capsys, tmp_path):
     assert "--multi30k is for --cascade" in capsys.readouterr().err
     assert main(["train", "--work", str(tmp_path)]) == 2
     assert "train needs --corpus" in capsys.readouterr().err
+
+
+def test_lm_opens_its_vocabulary_with_common_english_words(capsys, corpus_and_model, monkeypatch):
+    corpus, model = corpus_and_model
+    assert main(["lm", "--corpus", str(corpus), "--model", str(model), "--open-vocab", "2000"]) == 0
+    assert "common English words" in capsys.readouterr().out
+    lexicon = (model / "lexicon.txt").read_text().splitlines()
+    words = {line.split("\t")[0] for line in lexicon}
+    assert {"house", "water", "because"} <= words and len(words) > 1500
+    monkeypatch.setitem(sys.modules, "wordfreq", None)  # not installed
+    assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 2
+    assert "pip install 'streamasr[lm]'" in capsys.readouterr().err

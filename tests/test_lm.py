@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -28,11 +30,17 @@ def log10_prob(lm, vocab, context, word):
     return lm.finish(state)[1] if word == "</s>" else lm.score(state, vocab.get_index(word))[1]
 
 
+# general-text frequencies: two words the sentences lack, one they have
+PRIOR = {"bird": 3e-4, "zebra": 1e-5, "dog": 1e-4}
+
+
 @pytest.mark.parametrize("order", [2, 3])
-def test_arpa_probabilities_sum_to_one(tmp_path, order):
-    sizes = build_arpa(SENTENCES, tmp_path / "lm.arpa", order)
-    assert sizes[1] == 10  # 7 words, </s>, <unk> and <s> (a context only)
-    words = sorted({w for s in SENTENCES for w in s}) + ["<unk>", "</s>"]
+@pytest.mark.parametrize("prior", [None, PRIOR])
+def test_arpa_probabilities_sum_to_one(tmp_path, order, prior):
+    sizes = build_arpa(SENTENCES, tmp_path / "lm.arpa", order, prior)
+    new = ["bird", "zebra"] if prior else []
+    assert sizes[1] == 10 + len(new)  # 7 words, </s>, <unk>, <s> (a context only), the prior's
+    words = sorted({w for s in SENTENCES for w in s} | set(new)) + ["<unk>", "</s>"]
     lm, vocab = kenlm(tmp_path / "lm.arpa", words)
     for context in ([], ["a"], ["a", "dog"], ["dog", "runs"], ["cat", "runs"], ["<unk>"]):
         total = sum(10 ** log10_prob(lm, vocab, context, w) for w in words)
@@ -45,6 +53,50 @@ def test_seen_continuations_beat_unseen_ones(tmp_path):
     lm, vocab = kenlm(tmp_path / "lm.arpa", words)
     assert log10_prob(lm, vocab, ["a", "dog"], "runs") > log10_prob(lm, vocab, ["a", "dog"], "fast")
     assert log10_prob(lm, vocab, [], "dog") > log10_prob(lm, vocab, [], "fast")
+
+
+def test_a_prior_opens_the_vocabulary_by_frequency(tmp_path):
+    """Unseen words take the prior's share of the novel-word mass, in its proportions; the
+    seen words keep their order."""
+    build_arpa(SENTENCES, tmp_path / "closed.arpa", 3)
+    build_arpa(SENTENCES, tmp_path / "open.arpa", 3, PRIOR)
+    words = sorted({w for s in SENTENCES for w in s}) + ["bird", "zebra", "<unk>", "</s>"]
+    closed, closed_vocab = kenlm(tmp_path / "closed.arpa", words)
+    lm, vocab = kenlm(tmp_path / "open.arpa", words)
+    for context in ([], ["a", "dog"], ["the", "cat"]):
+        bird, zebra, unk = (log10_prob(lm, vocab, context, w) for w in ("bird", "zebra", "<unk>"))
+        assert bird - zebra == pytest.approx(math.log10(30), abs=1e-4)
+        assert bird > unk  # a word of the vocabulary now, not <unk>
+        assert log10_prob(closed, closed_vocab, context, "bird") == pytest.approx(
+            log10_prob(closed, closed_vocab, context, "<unk>")
+        )
+        seen = sorted(
+            {w for s in SENTENCES for w in s}, key=lambda w: log10_prob(lm, vocab, context, w)
+        )
+        assert seen == sorted(seen, key=lambda w: log10_prob(closed, closed_vocab, context, w))
+
+
+def test_an_open_vocabulary_recognizes_a_word_the_transcripts_lack(tiny_bundle_dir, tmp_path):
+    import shutil
+
+    from conftest import SENTENCES_EN
+
+    from streamasr.bundle import load_bundle
+    from streamasr.lm import build_transcript_lm
+    from streamasr.text import Tokenizer
+
+    words = "a black dog runs across the green meadow".split()
+    assert not any("meadow" in s.lower() for s in SENTENCES_EN)
+    decoded = {}
+    for prior in (None, {"meadow": 1e-5, "green": 1e-4}):
+        folder = tmp_path / str(bool(prior))
+        shutil.copytree(tiny_bundle_dir, folder)
+        build_transcript_lm(SENTENCES_EN, Tokenizer(folder / "en.model"), folder, prior=prior)
+        bundle = load_bundle(folder)
+        search = bundle.beam_search(BeamOptions(beam_size=8, token_beam=None))
+        decoded[bool(prior)] = search.decode(spelled(bundle, words, noise=1.0, seed=0))
+    assert decoded[True] == words
+    assert "meadow" not in decoded[False]
 
 
 def spelled(bundle, words: list[str], noise: float, seed: int) -> torch.Tensor:
