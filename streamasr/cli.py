@@ -276,9 +276,8 @@ def cmd_lm(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise UsageError(f"{err} (or --open-vocab 0)") from None
     en = Tokenizer(args.model / "en.model")
-    sizes = build_transcript_lm(texts, en, args.model, args.order, prior)
+    sizes, words = build_transcript_lm(texts, en, args.model, args.order, prior)
     counts = ", ".join(f"{count} {n}-grams" for n, count in sizes.items())
-    words = sum(1 for _ in open(args.model / LEXICON_FILE, encoding="utf-8"))
     print(
         f"wrote {args.model / LM_FILE} ({counts} from {len(texts)} sentences"
         f"{f' and {len(prior)} common English words' if prior else ''}), "

@@ -160,17 +160,19 @@ def build_transcript_lm(
     folder: Path,
     order: int = 3,
     prior: Mapping[str, float] | None = None,
-) -> dict:
+) -> tuple[dict[int, int], int]:
     """The model folder's word LM of normalized transcripts and its lexicon (each LM word
     spelled in the transcript tokenizer's pieces); `prior`: general word frequencies that open
-    the vocabulary (`build_arpa`). Returns n-gram counts per order."""
+    the vocabulary (`build_arpa`). Returns the n-gram counts per order and the lexicon's size."""
     sentences = [normalize_transcript(text).split() for text in texts]
     prior = {w: f for w, f in (prior or {}).items() if normalize_transcript(w) == w and w}
     sizes = build_arpa(sentences, folder / LM_FILE, order, prior)
     words = sorted({w for s in sentences for w in s} | set(prior))
+    spelled = 0
     with open(folder / LEXICON_FILE, "w", encoding="utf-8") as f:
         for word in words:
             pieces = en.sp.encode(word, out_type=str)
             if en.sp.unk_id() not in en.sp.piece_to_id(pieces):
                 f.write(f"{word}\t{' '.join(pieces)}\n")
-    return sizes
+                spelled += 1
+    return sizes, spelled
