@@ -87,6 +87,7 @@ TRAIN_OPTIONS = (
     "warp_range",
     "eq_db",
     "lead_silence_ms",
+    "reverb_prob",
     "mt_detach",
     "freeze_encoder",
     "batch_tokens",
@@ -106,6 +107,8 @@ OPTION_HELP = {
     "bumps), at most this many dB (default 0: none)",
     "lead_silence_ms": "augmentation: digital silence of random length up to this many ms before "
     "each utterance, as before a sentence in a stream (default 0: none)",
+    "reverb_prob": "augmentation: share of utterances given late reverberation (RT60 "
+    "{rt60} s, the tail {drr} dB below the direct sound; default 0: none)",
     "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
     "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",
     "cascade_dropout": "--cascade: dropout of the transcript translator (default 0.1)",
@@ -171,6 +174,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "speed_range": f"LO,HI: tempo factors of the speed augmentation (default {speed})",
         "warp_range": "LO,HI: mel-axis warp factors of the vocal-tract-length augmentation "
         f"(default {warp})",
+        "reverb_prob": OPTION_HELP["reverb_prob"].format(
+            rt60="–".join(f"{v:g}" for v in aug.rt60_range),
+            drr="–".join(f"{v:g}" for v in aug.drr_db_range),
+        ),
     }
     for cls, names in ((TrainConfig, TRAIN_OPTIONS), (ModelConfig, MODEL_OPTIONS)):
         for name in names:

@@ -64,6 +64,7 @@ class TrainConfig:
     warp_range: str = ""
     eq_db: float = 0.0  # smooth random colouring of the mel axis, at most this many dB; 0: none
     lead_silence_ms: int = 0  # up to this much silence put before each utterance; 0: none
+    reverb_prob: float = 0.0  # share of utterances given late reverberation; 0: none
     mt_detach: bool = True  # the translation loss trains the decoder only, not the encoder
     freeze_encoder: bool = False  # encoder fixed (no gradients, no CTC): decoder-only training
     grad_clip: float = 5.0
@@ -261,7 +262,8 @@ def train_chunk_frames(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[int, ...]:
 
 
 def augment_config(tcfg: TrainConfig) -> AugmentConfig:
-    """The augmentation of a run: AugmentConfig with the ranges, colouring and silence `tcfg` names."""
+    """The augmentation of a run: AugmentConfig with the ranges, colouring, silence and
+    reverberation `tcfg` names."""
     ranges = {}
     for name in ("speed_range", "warp_range"):
         text = getattr(tcfg, name)
@@ -281,8 +283,16 @@ def augment_config(tcfg: TrainConfig) -> AugmentConfig:
         raise TrainError(f"--eq-db {tcfg.eq_db:g}: give a level >= 0 (0: no colouring)")
     if tcfg.lead_silence_ms < 0:
         raise TrainError(f"--lead-silence-ms {tcfg.lead_silence_ms}: give a length >= 0")
+    if not 0 <= tcfg.reverb_prob <= 1:
+        raise TrainError(f"--reverb-prob {tcfg.reverb_prob:g}: give a share from 0 to 1")
     silence = tcfg.lead_silence_ms // FeatureConfig().hop_ms
-    return replace(AugmentConfig(), **ranges, eq_db=tcfg.eq_db, lead_silence_frames=silence)
+    return replace(
+        AugmentConfig(),
+        **ranges,
+        eq_db=tcfg.eq_db,
+        lead_silence_frames=silence,
+        reverb_prob=tcfg.reverb_prob,
+    )
 
 
 def loss_on_batch(

@@ -15,7 +15,7 @@ import soundfile as sf
 import torch
 from conftest import SENTENCES_DE, SENTENCES_EN
 
-from streamasr.augment import AugmentConfig, augment_logmel
+from streamasr.augment import AugmentConfig, augment_logmel, reverberate
 from streamasr.bundle import ModelFolderError, average_bundles, load_bundle
 from streamasr.config import ModelConfig
 from streamasr.session import Session, SessionOptions
@@ -252,6 +252,37 @@ def test_lead_silence_puts_silent_frames_before_the_speech():
     assert augment_config(TrainConfig(lead_silence_ms=2000)).lead_silence_frames == 200
     with pytest.raises(TrainError, match="--lead-silence-ms"):
         augment_config(TrainConfig(lead_silence_ms=-10))
+
+
+def test_reverberation_decays_by_60_db_in_rt60_and_is_causal():
+    x = torch.full((120, 80), -60.0)  # next to no power
+    x[10] = 0.0  # one frame of unit power in every band
+    y = reverberate(x, rt60_s=0.5, drr_db=6.0, hop_s=0.01)
+    tail = y.exp() - x.exp()
+    assert tail[:11].abs().max() < 1e-20  # nothing before the frame, nor in the frame itself
+    # the tail holds 6 dB less power than the direct frame, in every band
+    assert torch.allclose(tail[11:].sum(0), torch.full((80,), 10**-0.6), rtol=1e-4)
+    # the lowest band falls by 60 dB over 0.5 s (50 frames); higher bands fall faster
+    assert 10 * math.log10(tail[11, 0] / tail[60, 0]) == pytest.approx(60 * 49 / 50, rel=1e-3)
+    assert torch.all(tail[61:, 0] < 1e-20)  # the tail ends at 60 dB down
+    assert tail[40, 79] < tail[40, 0] / 100
+    # a steady sound gains the tail's share of its power
+    steady = reverberate(torch.zeros(200, 80), 0.5, 6.0, 0.01)
+    assert torch.allclose(steady[100:].exp(), torch.full((100, 80), 1 + 10**-0.6), rtol=1e-4)
+
+
+def test_reverberation_is_drawn_at_the_flag_share():
+    x = torch.randn(100, 80) - 2
+    cfg = replace(PLAIN_AUGMENT, reverb_prob=0.5)
+    changed = [
+        not torch.equal(augment_logmel(x, cfg, torch.Generator().manual_seed(s)), x)
+        for s in range(40)
+    ]
+    assert 10 < sum(changed) < 30
+    assert augment_config(TrainConfig(reverb_prob=0.3)).reverb_prob == 0.3
+    for bad in (-0.1, 1.5):
+        with pytest.raises(TrainError, match="--reverb-prob"):
+            augment_config(TrainConfig(reverb_prob=bad))
 
 
 def test_train_chunk_ms_sets_the_chunks_drawn(tmp_path, tone, monkeypatch):
