@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +56,18 @@ def load_audio(path: str | Path) -> np.ndarray:
     if samples.size == 0:
         raise AudioError(f"{path}: the file holds no audio samples")
     return to_mono_16k(samples, rate)
+
+
+def in_room(samples: np.ndarray, rt60_s: float, drr_db: float, seed: str) -> np.ndarray:
+    """`samples` as heard in a synthetic room: convolved with the direct sound and a tail of
+    Gaussian noise that starts 2.5 ms later and decays by 60 dB in `rt60_s`, holding `drr_db` dB
+    less power than the direct sound; cut to the input's length. `seed` (a file's id) draws the
+    tail, so a file meets the same room in every run."""
+    rng = np.random.default_rng(zlib.crc32(seed.encode()))
+    onset, length = ms_to_samples(2.5), max(ms_to_samples(2.5) + 1, ms_to_samples(rt60_s * 1000))
+    t = np.arange(length - onset) / SAMPLE_RATE
+    tail = rng.standard_normal(length - onset) * 10 ** (-3 * t / rt60_s)
+    tail *= np.sqrt(10 ** (-drr_db / 10) / np.sum(tail**2))
+    response = np.concatenate([[1.0], np.zeros(onset - 1), tail]).astype(np.float32)
+    wet = AF.fftconvolve(torch.from_numpy(samples), torch.from_numpy(response))
+    return wet[: len(samples)].numpy()

@@ -343,6 +343,18 @@ _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
 
 
+def _room(text: str) -> tuple[float, float]:
+    try:
+        rt60, drr = (float(part) for part in text.split(","))
+    except ValueError:
+        rt60 = None
+    if rt60 is None or not 0 < rt60 <= 10:
+        raise argparse.ArgumentTypeError(
+            f"expected RT60,DRR with 0 < RT60 <= 10 seconds, e.g. 0.5,6; got {text!r}"
+        )
+    return rt60, drr
+
+
 def _wait_k(text: str) -> int | None:
     from .policy import parse_wait_k
 
@@ -665,6 +677,13 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         " latencies count from its start (default 0: none)",
     )
     ev.add_argument(
+        "--room",
+        type=_room,
+        metavar="RT60,DRR",
+        help="play each file in a synthetic room: reverberation falling 60 dB in RT60 seconds,"
+        " DRR dB below the direct sound, e.g. 0.5,6 (default: the files as they are)",
+    )
+    ev.add_argument(
         "--out", type=Path, default=Path("runs/eval"), help="output folder (default runs/eval)"
     )
     _add_decoder_options(ev)
@@ -686,11 +705,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"{args.manifest}: {len(missing)} audio files missing, first {missing[0]}")
     bundle, options = _load_model(args)
-    runs, instances = evaluate(bundle, utterances, args.wait_k, options, args.lead_silence_ms)
+    runs, instances = evaluate(
+        bundle, utterances, args.wait_k, options, args.lead_silence_ms, args.room
+    )
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
     decoder = str(options.beam) if bundle.beam_search(options.beam) is not None else "greedy"
     summary = write_outputs(
-        args.out, model_name, options, runs, instances, decoder, args.lead_silence_ms
+        args.out, model_name, options, runs, instances, decoder, args.lead_silence_ms, args.room
     )
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"

@@ -21,7 +21,7 @@ import torch
 import torchaudio.functional as AF
 from tqdm import tqdm
 
-from .audio import load_audio, ms_to_samples
+from .audio import in_room, load_audio, ms_to_samples
 from .bundle import Bundle
 from .decoding import BeamOptions, CtcBeamSearch, TranslationSearch, ctc_greedy_tokens
 from .features import LogMel
@@ -285,6 +285,7 @@ def evaluate(
     wait_ks: list[int | None],
     options: SessionOptions,
     lead_silence_ms: int = 0,
+    room: tuple[float, float] | None = None,
 ) -> tuple[list[dict], list[Instance]]:
     """Every (utterance, k) through a fresh Session with `options` (its wait_k replaced by each
     k); returns the per-k runs and all instances.
@@ -292,13 +293,16 @@ def evaluate(
     Each file is decoded in full context and its reference words aligned once, then streamed
     once per k. `lead_silence_ms` of digital silence before each file make it a sentence that
     follows a pause, as in a live stream; it is part of the source, so latencies count from
-    the start of the silence.
+    the start of the silence. `room` (RT60 in seconds, direct-to-reverberant ratio in dB) plays
+    each file, silence included, in a synthetic room of its own (`audio.in_room`).
     """
     lead = np.zeros(ms_to_samples(lead_silence_ms), dtype=np.float32)
     per_k: dict[int | None, list[Instance]] = {k: [] for k in wait_ks}
     with tqdm(total=len(utterances) * len(wait_ks), desc="eval", unit="run") as bar:
         for utt in utterances:
             audio = np.concatenate([lead, load_audio(utt.audio)])
+            if room is not None:
+                audio = in_room(audio, *room, seed=utt.id)
             offline = full_context_pass(bundle, audio, utt.text, options.beam)
             for k in wait_ks:
                 run = replace(options, wait_k=k)
@@ -326,6 +330,7 @@ def write_outputs(
     instances: list[Instance],
     decoder: str = "greedy",
     lead_silence_ms: int = 0,
+    room: tuple[float, float] | None = None,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "instances.jsonl", "w", encoding="utf-8") as f:
@@ -339,6 +344,7 @@ def write_outputs(
         "translate_from": options.translate_from,
         "translation_search": asdict(options.translation),
         "lead_silence_ms": lead_silence_ms,
+        "room": None if room is None else {"rt60_s": room[0], "drr_db": room[1]},
         "pause_lookback_ms": options.pause_lookback_ms,
         "runs": runs,
         # the transcript does not depend on k: one k's instances give every voice's WER
@@ -448,6 +454,10 @@ def results_section(eval_dirs: list[Path]) -> str:
         search = TranslationSearch(**summary.get("translation_search", {"no_repeat_ngram": 0}))
         silence = summary.get("lead_silence_ms", 0)
         after = f", each after {silence} ms of silence" if silence else ""
+        room = summary.get("room")  # absent in folders from before the option
+        after += (
+            f", in a room of RT60 {room['rt60_s']:g} s, DRR {room['drr_db']:g} dB" if room else ""
+        )
         lookback = summary.get("pause_lookback_ms")  # absent in folders from before the option
         after += f", pause lookback {lookback} ms" if lookback is not None else ""
         parts.append(

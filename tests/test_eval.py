@@ -203,6 +203,31 @@ def test_lead_silence_is_the_same_as_silence_in_the_files(
     assert f"pause lookback {SessionOptions().pause_lookback_ms} ms" in heading
 
 
+def test_room_plays_each_file_reverberated(manifest, tmp_path, tiny_bundle_dir, capsys):
+    def run(out, *extra):
+        args = ["eval", str(manifest), "--model", str(tiny_bundle_dir), "--wait-k", "inf"]
+        assert main([*args, "--out", str(out), *extra]) == 0
+        return json.loads((out / "summary.json").read_text())
+
+    dry, wet = run(tmp_path / "dry"), run(tmp_path / "wet", "--room", "0.6,0")
+    assert dry["room"] is None and wet["room"] == {"rt60_s": 0.6, "drr_db": 0.0}
+    outputs = [
+        [
+            json.loads(line)["full_context_transcript"]
+            for line in open(tmp_path / d / "instances.jsonl")
+        ]
+        for d in ("dry", "wet")
+    ]
+    assert outputs[0] != outputs[1]  # the tiny model reads the reverberant audio otherwise
+    capsys.readouterr()
+    assert main(["results", str(tmp_path / "wet")]) == 0
+    assert "in a room of RT60 0.6 s, DRR 0 dB" in capsys.readouterr().out
+    for bad in ("0.5", "0,6", "x,1"):
+        with pytest.raises(SystemExit):
+            main(["eval", str(manifest), "--room", bad])
+    assert "--room: expected RT60,DRR" in capsys.readouterr().err
+
+
 def test_bench_streams_whole_utterances_and_scores_their_transcripts(manifest, tone, tiny_bundle):
     import dataclasses
 

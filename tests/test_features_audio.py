@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from streamasr.audio import AudioError, load_audio
+from streamasr.audio import SAMPLE_RATE, AudioError, in_room, load_audio
 from streamasr.features import FeatureConfig, LogMel, RunningStats, StreamingLogMel
 
 
@@ -67,3 +67,17 @@ def test_bad_files_raise_one_line_errors(tmp_path, make, message):
     with pytest.raises(AudioError, match=message) as err:
         load_audio(path)
     assert "\n" not in str(err.value)
+
+
+def test_a_room_adds_a_decaying_tail_of_the_set_power():
+    click = np.zeros(SAMPLE_RATE, dtype=np.float32)
+    click[1000] = 1.0
+    wet = in_room(click, rt60_s=0.5, drr_db=6.0, seed="a")
+    assert len(wet) == len(click) and np.abs(wet[:1000]).max() < 1e-6  # causal, same length
+    assert wet[1000] == pytest.approx(1.0, abs=1e-5)  # the direct sound
+    assert np.abs(wet[1001:1040]).max() < 1e-6  # reflections begin 2.5 ms later
+    assert np.sum(wet[1001:] ** 2) == pytest.approx(10**-0.6, rel=1e-3)  # 6 dB below it
+    energy = wet[1040:] ** 2  # 60 dB per 0.5 s: 54 dB between 0-50 ms and 450-500 ms
+    assert 10 * np.log10(energy[:800].mean() / energy[7200:8000].mean()) == pytest.approx(54, abs=3)
+    assert np.array_equal(wet, in_room(click, 0.5, 6.0, seed="a"))  # a file meets one room
+    assert not np.array_equal(wet, in_room(click, 0.5, 6.0, seed="b"))
