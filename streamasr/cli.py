@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -348,7 +349,7 @@ def _room(text: str) -> tuple[float, float]:
         rt60, drr = (float(part) for part in text.split(","))
     except ValueError:
         rt60 = None
-    if rt60 is None or not 0 < rt60 <= 10:
+    if rt60 is None or not 0 < rt60 <= 10 or not math.isfinite(drr):
         raise argparse.ArgumentTypeError(
             f"expected RT60,DRR with 0 < RT60 <= 10 seconds, e.g. 0.5,6; got {text!r}"
         )

@@ -222,7 +222,7 @@ def test_room_plays_each_file_reverberated(manifest, tmp_path, tiny_bundle_dir, 
     capsys.readouterr()
     assert main(["results", str(tmp_path / "wet")]) == 0
     assert "in a room of RT60 0.6 s, DRR 0 dB" in capsys.readouterr().out
-    for bad in ("0.5", "0,6", "x,1"):
+    for bad in ("0.5", "0,6", "x,1", "0.5,nan"):
         with pytest.raises(SystemExit):
             main(["eval", str(manifest), "--room", bad])
     assert "--room: expected RT60,DRR" in capsys.readouterr().err
