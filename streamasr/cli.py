@@ -108,8 +108,6 @@ OPTION_HELP = {
     "bumps), at most this many dB (default 0: none)",
     "lead_silence_ms": "augmentation: digital silence of random length up to this many ms before "
     "each utterance, as before a sentence in a stream (default 0: none)",
-    "reverb_prob": "augmentation: share of utterances given late reverberation (RT60 "
-    "{rt60} s, the tail {drr} dB below the direct sound; default 0: none)",
     "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
     "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",
     "cascade_dropout": "--cascade: dropout of the transcript translator (default 0.1)",
@@ -175,10 +173,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "speed_range": f"LO,HI: tempo factors of the speed augmentation (default {speed})",
         "warp_range": "LO,HI: mel-axis warp factors of the vocal-tract-length augmentation "
         f"(default {warp})",
-        "reverb_prob": OPTION_HELP["reverb_prob"].format(
-            rt60="–".join(f"{v:g}" for v in aug.rt60_range),
-            drr="–".join(f"{v:g}" for v in aug.drr_db_range),
-        ),
+        "reverb_prob": "augmentation: share of utterances given late reverberation (RT60 "
+        f"{'–'.join(f'{v:g}' for v in aug.rt60_range)} s, the tail "
+        f"{'–'.join(f'{v:g}' for v in aug.drr_db_range)} dB below the direct sound; default 0: "
+        "none)",
     }
     for cls, names in ((TrainConfig, TRAIN_OPTIONS), (ModelConfig, MODEL_OPTIONS)):
         for name in names:
@@ -696,7 +694,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .bundle import DEFAULT_MODEL_DIR
-    from .evaluate import COLUMNS, evaluate, table_rows, write_outputs
+    from .evaluate import COLUMNS, Playback, evaluate, table_rows, write_outputs
     from .manifest import read_manifest
 
     utterances = read_manifest(args.manifest, args.limit)
@@ -706,14 +704,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"{args.manifest}: {len(missing)} audio files missing, first {missing[0]}")
     bundle, options = _load_model(args)
-    runs, instances = evaluate(
-        bundle, utterances, args.wait_k, options, args.lead_silence_ms, args.room
-    )
+    playback = Playback(args.lead_silence_ms, args.room)
+    runs, instances = evaluate(bundle, utterances, args.wait_k, options, playback)
     model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
     decoder = str(options.beam) if bundle.beam_search(options.beam) is not None else "greedy"
-    summary = write_outputs(
-        args.out, model_name, options, runs, instances, decoder, args.lead_silence_ms, args.room
-    )
+    summary = write_outputs(args.out, model_name, options, runs, instances, decoder, playback)
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"
     )

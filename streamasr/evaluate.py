@@ -279,30 +279,39 @@ def summarize(instances: list[Instance], wait_k: int | str) -> dict:
     return run
 
 
+@dataclass(frozen=True)
+class Playback:
+    """What each file goes through before the session hears it: `lead_silence_ms` of digital
+    silence before it (a sentence after a pause, as in a live stream; part of the source, so
+    latencies count from the start of the silence), then, with `room` (RT60 in seconds,
+    direct-to-reverberant ratio in dB), a synthetic room of its own (`audio.in_room`)."""
+
+    lead_silence_ms: int = 0
+    room: tuple[float, float] | None = None
+
+    def audio(self, utt: Utterance) -> np.ndarray:
+        lead = np.zeros(ms_to_samples(self.lead_silence_ms), dtype=np.float32)
+        audio = np.concatenate([lead, load_audio(utt.audio)])
+        return audio if self.room is None else in_room(audio, *self.room, seed=utt.id)
+
+
 def evaluate(
     bundle: Bundle,
     utterances: list[Utterance],
     wait_ks: list[int | None],
     options: SessionOptions,
-    lead_silence_ms: int = 0,
-    room: tuple[float, float] | None = None,
+    playback: Playback = Playback(),
 ) -> tuple[list[dict], list[Instance]]:
     """Every (utterance, k) through a fresh Session with `options` (its wait_k replaced by each
     k); returns the per-k runs and all instances.
 
-    Each file is decoded in full context and its reference words aligned once, then streamed
-    once per k. `lead_silence_ms` of digital silence before each file make it a sentence that
-    follows a pause, as in a live stream; it is part of the source, so latencies count from
-    the start of the silence. `room` (RT60 in seconds, direct-to-reverberant ratio in dB) plays
-    each file, silence included, in a synthetic room of its own (`audio.in_room`).
+    Each file, as `playback` gives it, is decoded in full context and its reference words
+    aligned once, then streamed once per k.
     """
-    lead = np.zeros(ms_to_samples(lead_silence_ms), dtype=np.float32)
     per_k: dict[int | None, list[Instance]] = {k: [] for k in wait_ks}
     with tqdm(total=len(utterances) * len(wait_ks), desc="eval", unit="run") as bar:
         for utt in utterances:
-            audio = np.concatenate([lead, load_audio(utt.audio)])
-            if room is not None:
-                audio = in_room(audio, *room, seed=utt.id)
+            audio = playback.audio(utt)
             offline = full_context_pass(bundle, audio, utt.text, options.beam)
             for k in wait_ks:
                 run = replace(options, wait_k=k)
@@ -329,8 +338,7 @@ def write_outputs(
     runs: list[dict],
     instances: list[Instance],
     decoder: str = "greedy",
-    lead_silence_ms: int = 0,
-    room: tuple[float, float] | None = None,
+    playback: Playback = Playback(),
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "instances.jsonl", "w", encoding="utf-8") as f:
@@ -343,8 +351,10 @@ def write_outputs(
         "decoder": decoder,
         "translate_from": options.translate_from,
         "translation_search": asdict(options.translation),
-        "lead_silence_ms": lead_silence_ms,
-        "room": None if room is None else {"rt60_s": room[0], "drr_db": room[1]},
+        "lead_silence_ms": playback.lead_silence_ms,
+        "room": None
+        if playback.room is None
+        else {"rt60_s": playback.room[0], "drr_db": playback.room[1]},
         "pause_lookback_ms": options.pause_lookback_ms,
         "runs": runs,
         # the transcript does not depend on k: one k's instances give every voice's WER
