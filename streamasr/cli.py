@@ -167,6 +167,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="--cascade: read the text pairs from this Multi30k folder (train.en/.de, val.en/.de)"
         " instead of the corpus manifests, so no audio need be built",
     )
+    train.add_argument(
+        "--recognized",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="EVAL_DIR",
+        help="--cascade: a `streamasr eval` folder of train-split audio in training voices whose"
+        " transcripts join the text pairs as sources of the same translations (repeatable)",
+    )
     aug = AugmentConfig()
     speed, warp = (",".join(f"{f:g}" for f in r) for r in (aug.speed_range, aug.warp_range))
     help_text = OPTION_HELP | {
@@ -239,8 +248,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     model_cfg = ModelConfig(**{name: getattr(args, name) for name in MODEL_OPTIONS})
     train_cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
-    if args.multi30k is not None and not args.cascade:
-        raise UsageError("--multi30k is for --cascade training (text pairs)")
+    for flag, value in (("--multi30k", args.multi30k), ("--recognized", args.recognized)):
+        if value and not args.cascade:
+            raise UsageError(f"{flag} is for --cascade training (text pairs)")
     if args.corpus is None and args.multi30k is None:
         raise UsageError("train needs --corpus DIR (or, with --cascade, --multi30k DIR)")
     needed = [folder / "train.jsonl" for folder in args.extra_train]
@@ -259,6 +269,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 args.corpus, args.work, args.init, train_cfg,
                 {name: getattr(args, name) for name in CASCADE_FIELDS},
                 stop_at=args.stop_at, extra=args.extra_train, multi30k=args.multi30k,
+                recognized=args.recognized,
             )  # fmt: skip
         else:
             train(
@@ -412,6 +423,16 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
         " pause's silence is forgotten; none: the model's whole lookback"
         f" (default {pause_lookback})",
     )
+    margin = SessionOptions().sound_margin_db
+    p.add_argument(
+        "--sound-margin-db",
+        type=_db_or_none,
+        metavar="DB",
+        default=margin,
+        help="...but it keeps every frame since the sound now heard began: frames this many dB"
+        " above the noise floor; none: only the transcript's first piece says speech began"
+        f" (default {margin:g})",
+    )
     p.add_argument(
         "--translate-from",
         choices=TRANSLATION_SOURCES,
@@ -459,6 +480,18 @@ def _ms_or_none(text: str) -> int | None:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected milliseconds >= 0 or none, got {text!r}")
+    return value
+
+
+def _db_or_none(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected decibels >= 0 or none, got {text!r}")
     return value
 
 
@@ -547,6 +580,7 @@ def _load_model(args: argparse.Namespace, **options):
         beam=_beam_options(args),
         translation=translation_search(args),
         pause_lookback_ms=args.pause_lookback_ms,
+        sound_margin_db=args.sound_margin_db,
         **options,
     )
 

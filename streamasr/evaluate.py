@@ -356,6 +356,7 @@ def write_outputs(
         if playback.room is None
         else {"rt60_s": playback.room[0], "drr_db": playback.room[1]},
         "pause_lookback_ms": options.pause_lookback_ms,
+        "sound_margin_db": options.sound_margin_db,
         "runs": runs,
         # the transcript does not depend on k: one k's instances give every voice's WER
         "wer_by_voice": wer_by_voice(one_k),
@@ -470,6 +471,12 @@ def results_section(eval_dirs: list[Path]) -> str:
         )
         lookback = summary.get("pause_lookback_ms")  # absent in folders from before the option
         after += f", pause lookback {lookback} ms" if lookback is not None else ""
+        margin = summary.get("sound_margin_db")  # absent in folders from before the option
+        after += (
+            f" from the sound's onset ({margin:g} dB)"
+            if lookback is not None and margin is not None
+            else ""
+        )
         parts.append(
             f"**{summary['chunk_ms']} ms chunks, translation from the {source}**"
             f" ({summary['model']}, {count} utterances{after},"

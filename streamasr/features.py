@@ -8,6 +8,7 @@ window and produces exactly the frames the whole signal would give.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -101,6 +102,46 @@ class StreamingLogMel:
             return 0
         cfg = self.logmel.config
         return (num_frames - 1) * cfg.hop_samples + cfg.win_samples
+
+
+class SoundOnset:
+    """Where the sound now heard began, from raw log-mel frames fed in order (minimum statistics).
+
+    A frame is sound when its mean log-mel power stands `margin_db` above a noise floor that
+    follows any quieter frame down at once and otherwise rises `rise_db_per_s`, so a steady
+    background becomes the floor within seconds; `quiet_ms` without sound ends the sound. The
+    floor starts at digital silence, so a stream that opens with speech hears it.
+    """
+
+    def __init__(
+        self,
+        config: FeatureConfig = FeatureConfig(),
+        margin_db: float = 10.0,
+        quiet_ms: int = 160,
+        rise_db_per_s: float = 2.0,
+    ):
+        nats_per_db = math.log(10) / 10  # the frames are natural logs of power
+        self.margin = margin_db * nats_per_db
+        self.rise = rise_db_per_s * nats_per_db * config.hop_ms / 1000
+        self.quiet_frames = max(1, quiet_ms // config.hop_ms)
+        self.floor = math.log(config.log_floor)
+        self.frames_seen = 0
+        self.quiet_run = 0
+        self.onset: int | None = None  # frame index where the sound began; None: quiet
+
+    def update(self, frames: torch.Tensor) -> None:
+        """(T, n_mels) the next unnormalized log-mel frames."""
+        for energy in frames.mean(-1).tolist():
+            self.floor = min(energy, self.floor + self.rise)
+            if energy > self.floor + self.margin:
+                self.quiet_run = 0
+                if self.onset is None:
+                    self.onset = self.frames_seen
+            else:
+                self.quiet_run += 1
+                if self.quiet_run >= self.quiet_frames:
+                    self.onset = None
+            self.frames_seen += 1
 
 
 @dataclass(frozen=True)

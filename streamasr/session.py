@@ -31,7 +31,7 @@ from .decoding import (
     TranslationSearch,
     ctc_greedy_step,
 )
-from .features import LogMel, StreamingLogMel
+from .features import LogMel, SoundOnset, StreamingLogMel
 from .policy import WaitK
 from .text import Tokenizer
 
@@ -50,6 +50,9 @@ class SessionOptions:
     # encoder looks back at most this far: a pause's silence is forgotten, and speech after it
     # is read as the training sentences, which begin after a short silence; None: the model's
     # whole lookback
+    sound_margin_db: float | None = 10.0  # ...but it keeps every frame since the sound now heard
+    # began (frames this far above the noise floor), as a word's first frames come before its
+    # token; None: the greedy labels alone say where speech began
     beam: BeamOptions | None = DEFAULT_BEAM  # transcript beam search with the model's word LM;
     # None, or a model folder without an LM: greedy CTC
     translation: TranslationSearch = DEFAULT_TRANSLATION  # token choice of the translator
@@ -199,6 +202,9 @@ class Session:
         self.pause_keep_frames = None if lookback is None else lookback // cfg.frame_ms
         self.feature_frames_per_chunk = self.chunk_frames * cfg.subsampling
         self.features = StreamingLogMel(LogMel(cfg.feature_config()))
+        margin = options.sound_margin_db
+        gated = margin is not None and self.pause_keep_frames is not None
+        self.sound = SoundOnset(cfg.feature_config(), margin) if gated else None
         self.feature_state = self.features.init_state()
         self.pending_feats = torch.zeros(0, cfg.n_mels)
         self.encoder_state = bundle.model.encoder.init_state(chunk_frames=self.chunk_frames)
@@ -286,11 +292,14 @@ class Session:
         model, cfg = self.bundle.model, self.bundle.config
         self.clock.start_chunk(delay_ms)
         t0 = time.perf_counter()
-        feats = self.bundle.stats.normalize(self.pending_feats[:feature_frames])
+        raw = self.pending_feats[:feature_frames]
         self.pending_feats = self.pending_feats[feature_frames:]
         self.feature_frames_used += feature_frames
         if self.pause_keep_frames is not None and not self.segment.started:
-            self.encoder_state = self.encoder_state.forget(self.pause_keep_frames)
+            self.encoder_state = self.encoder_state.forget(self._pause_keep_frames())
+        if self.sound is not None:
+            self.sound.update(raw)
+        feats = self.bundle.stats.normalize(raw)
         frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state, final)
         first_frame = self.encoder_state.frames_done - frames.shape[1]
         events: list[Event] = []
@@ -305,6 +314,15 @@ class Session:
         self.clock.end_chunk()
         self.chunk_compute_ms.append((time.perf_counter() - t0) * 1000)
         return events
+
+    def _pause_keep_frames(self) -> int:
+        """Outside a segment: the pause lookback, reaching back to where the sound heard in the
+        chunks before this one began (a word is heard before the greedy labels find it)."""
+        onset = None if self.sound is None else self.sound.onset
+        if onset is None:
+            return self.pause_keep_frames
+        heard = self.encoder_state.frames_done - onset // self.bundle.config.subsampling
+        return self.pause_keep_frames + max(0, heard)
 
     def _event(self, kind: str, text: str, final: bool, delay_ms: float) -> Event:
         return Event(

@@ -2,7 +2,8 @@
 
 Text only: the (transcript, translation) pairs of the corpus manifests or of a Multi30k folder,
 the transcript normalized as the recognizer writes it, optionally with simulated recognition
-errors (`WordNoise`), read as the recognizer's pieces or as pieces of the cascade's own. The
+errors (`WordNoise`) or joined by what the recognizer wrote for the same sentences (`--recognized`:
+`streamasr eval` folders of training-voice audio, real confusions), read as the recognizer's pieces or as pieces of the cascade's own. The
 speech model (encoder, CTC head, speech decoder) is kept as it is; the transcript encoder and its
 decoder are trained, a new decoder starting from the speech decoder's weights (its German is
 learnt already). Resumable like `train.train`, and the work folder exports the same way.
@@ -34,7 +35,8 @@ from .manifest import read_manifest
 from .model import SpeechTranslator, wait_k_visible_positions
 from .policy import WaitK
 from .text import Tokenizer, normalize_transcript, train_tokenizer
-from .train import TrainConfig, _warm_start_files, run_steps
+from .train import TrainConfig, TrainError, _warm_start_files, run_steps
+from .voices import Voice, VoiceError
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,51 @@ def multi30k_pairs(folder: Path, split: str, limit: int | None = None) -> list[t
     if german is None:
         raise CorpusError(f"{folder}: no {split}.de or {split}.de.gz beside {split}.en")
     return distinct_pairs(zip(english, german), limit)
+
+
+def recognized_pairs(folders: Sequence[Path]) -> list[tuple[str, str]]:
+    """(recognized transcript, reference translation) of `streamasr eval` folders, one per
+    utterance; refuses audio of the voices reserved for evaluation."""
+    pairs = []
+    for folder in folders:
+        path = folder / "instances.jsonl"
+        if not path.is_file():
+            raise TrainError(f"{folder}: no instances.jsonl (not a `streamasr eval` folder)")
+        rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+        for row in rows:
+            if row["wait_k"] != rows[0]["wait_k"]:
+                continue  # the same transcript again, translated at another k
+            try:
+                reserved = row.get("voice") is not None and Voice.parse(row["voice"]).is_reserved
+            except VoiceError:
+                reserved = False  # not one of our engines, so not one of the reserved voices
+            if reserved:
+                raise TrainError(
+                    f"{path}: {row['id']} is spoken by {row['voice']}, a voice reserved for "
+                    "evaluation: its transcripts cannot be trained on"
+                )
+            pairs.append((row["transcript"], row["translation_ref"]))
+    return pairs
+
+
+def with_recognized(
+    pairs: list[tuple[str, str]], heard: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """The train pairs, then the recognized transcripts unlike every pair (a correct one is its
+    sentence's pair again); refuses transcripts of sentences outside the train pairs."""
+    trained = {translation for _, translation in pairs}
+    outside = sum(translation not in trained for _, translation in heard)
+    if outside:
+        raise TrainError(
+            f"--recognized: {outside} transcripts of sentences outside the train split"
+        )
+    merged = distinct_pairs(pairs + heard)
+    log.info(
+        "%d recognized transcripts, %d of them unlike their sentence's",
+        len(heard),
+        len(merged) - len(pairs),
+    )
+    return merged
 
 
 class WordNoise:
@@ -199,12 +246,15 @@ def train_cascade(
     stop_at: int | None = None,
     extra: Sequence[Path] = (),
     multi30k: Path | None = None,
+    recognized: Sequence[Path] = (),
 ) -> SpeechTranslator:
     """Train (or resume) the transcript translator of the model in `init` towards tcfg.steps.
 
     `cascade` sets CASCADE_FIELDS. The init's own cascade is trained on when it has that shape
     (layers and source pieces); otherwise a new one starts, its decoder from the speech decoder.
-    The text pairs come from a Multi30k folder (`multi30k`) or from the corpus manifests."""
+    The text pairs come from a Multi30k folder (`multi30k`) or from the corpus manifests; the
+    recognized transcripts of `recognized` eval folders join them, those that differ from every
+    pair (a correct transcript is its sentence's pair again)."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     ckpt_path = work / "checkpoint.pt"
@@ -215,6 +265,9 @@ def train_cascade(
     else:
         pairs = text_pairs([corpus / "train.jsonl"] + [e / "train.jsonl" for e in extra])
         val_pairs = text_pairs([corpus / "val.jsonl"], tcfg.val_utterances)
+    sentences = len(pairs)  # the pairs the tokenizer and the word noise learn from
+    if recognized:
+        pairs = with_recognized(pairs, recognized_pairs(recognized))
     if fresh:
         base = _warm_start_files(init, work)
         cfg = dataclasses.replace(base, **cascade, translate_from="transcript")
@@ -224,7 +277,7 @@ def train_cascade(
         )
         if cfg.transcript_vocab and not same_shape:
             prefix = work / Path(TRANSCRIPT_TOKENIZER).stem
-            train_tokenizer((text for text, _ in pairs), prefix, cfg.transcript_vocab)
+            train_tokenizer((text for text, _ in pairs[:sentences]), prefix, cfg.transcript_vocab)
     else:
         cfg = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
     en = transcript_pieces(work, cfg) or Tokenizer(work / "en.model")  # the source pieces
@@ -236,7 +289,7 @@ def train_cascade(
         items.append({"words": words, "src": src, "ends": ends, "tgt": de.encode(translation)})
     noise = None
     if tcfg.source_noise > 0:
-        noise = WordNoise([text for text, _ in pairs])
+        noise = WordNoise([text for text, _ in pairs[:sentences]])
         val_rng = random.Random(0)  # the same noisy validation transcripts at every validation
         noisy_val = [
             (" ".join(noise(text.split(), tcfg.source_noise / 2, val_rng)), translation)

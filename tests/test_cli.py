@@ -229,6 +229,8 @@ def test_eval_text_scores_the_cascade_on_reference_transcripts(capsys, tmp_path,
 def test_multi30k_text_is_for_cascade_training(capsys, tmp_path):
     assert main(["train", "--work", str(tmp_path), "--multi30k", str(tmp_path)]) == 2
     assert "--multi30k is for --cascade" in capsys.readouterr().err
+    assert main(["train", "--work", str(tmp_path), "--recognized", str(tmp_path)]) == 2
+    assert "--recognized is for --cascade" in capsys.readouterr().err
     assert main(["train", "--work", str(tmp_path)]) == 2
     assert "train needs --corpus" in capsys.readouterr().err
 

@@ -8,7 +8,7 @@ import soundfile as sf
 import torch
 
 from streamasr.audio import SAMPLE_RATE, AudioError, in_room, load_audio
-from streamasr.features import FeatureConfig, LogMel, RunningStats, StreamingLogMel
+from streamasr.features import FeatureConfig, LogMel, RunningStats, SoundOnset, StreamingLogMel
 
 
 @pytest.mark.parametrize("cuts", [[160], [1], [37, 401, 5], [100_000]])
@@ -81,3 +81,37 @@ def test_a_room_adds_a_decaying_tail_of_the_set_power():
     assert 10 * np.log10(energy[:800].mean() / energy[7200:8000].mean()) == pytest.approx(54, abs=3)
     assert np.array_equal(wet, in_room(click, 0.5, 6.0, seed="a"))  # a file meets one room
     assert not np.array_equal(wet, in_room(click, 0.5, 6.0, seed="b"))
+
+
+def onsets(audio, cut_frames=50, **options):
+    """SoundOnset fed audio's log-mel frames in pieces: its onset after each piece."""
+    frames, sound, seen = LogMel()(torch.from_numpy(audio)), SoundOnset(**options), []
+    for start in range(0, frames.shape[0], cut_frames):
+        sound.update(frames[start : start + cut_frames])
+        seen.append(sound.onset)
+    return seen
+
+
+def test_sound_onset_finds_where_sound_began_and_forgets_it_after_a_pause(tone):
+    silence = np.zeros(16000, np.float32)  # 100 frames
+    seen = onsets(np.concatenate([silence, tone, silence]))
+    assert seen[:2] == [None, None]
+    assert 99 <= seen[2] <= 101  # the tone's first frame (the window reaches back 15 ms)
+    assert seen[2:6] == [seen[2]] * 4  # held through the tone
+    assert seen[-1] is None  # ended by the silence after it
+    assert onsets(np.concatenate([silence, tone]), cut_frames=7)[-1] == seen[2]  # any cut
+    # quiet runs shorter than quiet_ms do not end the sound
+    gap = np.zeros(1600, np.float32)  # 100 ms
+    assert onsets(np.concatenate([silence, tone, gap, tone]))[-1] == seen[2]
+
+
+def test_sound_onset_learns_a_steady_noise_as_its_floor(tone):
+    """Noise 33 dB above digital silence is sound until the rising floor reaches it; then a
+    tone over it is heard from its start. A stream that opens with the tone hears it too."""
+    rng = np.random.default_rng(1)
+    noise = (0.003 * rng.standard_normal(30 * 16000)).astype(np.float32)
+    seen = onsets(np.concatenate([noise, noise[: len(tone)] + tone]), cut_frames=100)
+    assert seen[0] == 0  # heard at first: the floor starts at digital silence
+    assert seen[28] is None  # 28 s in: the noise is the floor
+    assert 3000 <= seen[-1] <= 3001  # the tone, from its first frame
+    assert onsets(tone)[0] == 0

@@ -209,3 +209,39 @@ def test_pause_lookback_forgets_the_silence_before_speech(
         assert gap > 1e-3
     else:
         assert gap <= 1e-4
+
+
+@pytest.mark.parametrize("sound_margin_db", [None, 10.0])
+def test_pause_lookback_keeps_the_sound_heard_before_the_first_token(
+    tiny_bundle, tone, monkeypatch, sound_margin_db
+):
+    """Until the greedy labels find speech the encoder forgets all but the pause lookback, except
+    the frames since the sound began: a word's first frames come before its token."""
+    from streamasr import model as model_module
+
+    model = tiny_bundle.model
+    blank = model.ctc_log_probs
+
+    def no_token(frames):  # speech whose token has not come yet
+        log_probs = torch.full_like(blank(frames), -30.0)
+        log_probs[..., 0] = 0.0
+        return log_probs
+
+    keeps = []
+    forget = model_module.EncoderState.forget
+
+    def spy(state, keep_frames):
+        keeps.append((state.frames_done, keep_frames))
+        return forget(state, keep_frames)
+
+    monkeypatch.setattr(model, "ctc_log_probs", no_token)
+    monkeypatch.setattr(model_module.EncoderState, "forget", spy)
+    audio = np.concatenate([np.zeros(int(1.28 * 16000), np.float32), tone])  # onset: frame 32
+    run(tiny_bundle, audio, 3200, pause_lookback_ms=160, sound_margin_db=sound_margin_db)
+    lookback = 160 // tiny_bundle.config.frame_ms
+    before = [keep for done, keep in keeps if done <= 32]
+    during = [(done, keep) for done, keep in keeps if done > 32]
+    assert before and all(keep == lookback for keep in before)
+    assert len(during) >= 3
+    for done, keep in during:
+        assert keep == (lookback if sound_margin_db is None else lookback + done - 32)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 from dataclasses import replace
@@ -30,7 +31,14 @@ from streamasr.train import (
     train,
     train_chunk_frames,
 )
-from streamasr.train_cascade import WordNoise, multi30k_pairs, text_pairs, train_cascade
+from streamasr.train_cascade import (
+    WordNoise,
+    multi30k_pairs,
+    recognized_pairs,
+    text_pairs,
+    train_cascade,
+    with_recognized,
+)
 
 TINY = ModelConfig(
     d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, en_vocab=40, de_vocab=60,
@@ -474,3 +482,39 @@ def test_average_of_model_folders(tmp_path, tone):
     shutil.copyfile(other / "en.model", other / "de.model")
     with pytest.raises(ModelFolderError, match="de.model differ"):
         average_bundles([first, other])
+
+
+def write_eval_folder(folder, rows) -> None:
+    """An eval folder's instances.jsonl: (id, voice, transcript, translation_ref) at k=3 and inf."""
+    folder.mkdir()
+    lines = [
+        {"id": i, "voice": voice, "wait_k": k, "transcript": hyp, "translation_ref": ref}
+        for i, voice, hyp, ref in rows for k in (3, None)
+    ]  # fmt: skip
+    (folder / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_recognized_transcripts_join_the_pairs_they_differ_from(tmp_path, caplog):
+    pairs = [("a man rides a bike", "Ein Mann fährt Rad."), ("two dogs", "Zwei Hunde.")]
+    write_eval_folder(tmp_path / "a", [
+        ("u1", "flite:rms", "a man hides a bike", "Ein Mann fährt Rad."),
+        ("u1", "espeak:en-us+m1", "two dogs", "Zwei Hunde."),  # right: its pair already
+    ])  # fmt: skip
+    write_eval_folder(
+        tmp_path / "b", [("u1", "piper:joe", "a man rides bike", "Ein Mann fährt Rad.")]
+    )
+    heard = recognized_pairs([tmp_path / "a", tmp_path / "b"])
+    assert len(heard) == 3  # one per utterance (an id may come from two corpora), not per k
+    with caplog.at_level(logging.INFO):
+        merged = with_recognized(pairs, heard)
+    assert merged == pairs + [
+        ("a man hides a bike", "Ein Mann fährt Rad."), ("a man rides bike", "Ein Mann fährt Rad.")
+    ]  # fmt: skip
+    assert "3 recognized transcripts, 2 of them unlike" in caplog.text
+    with pytest.raises(TrainError, match="1 transcripts of sentences outside"):
+        with_recognized(pairs[:1], heard)
+    write_eval_folder(tmp_path / "c", [("u9", "flite:awb", "two dogs", "Zwei Hunde.")])
+    with pytest.raises(TrainError, match="flite:awb, a voice reserved for evaluation"):
+        recognized_pairs([tmp_path / "c"])
+    with pytest.raises(TrainError, match="not a `streamasr eval` folder"):
+        recognized_pairs([tmp_path])
