@@ -413,26 +413,27 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
         help="commit the beam's best words once they are this old (bounds the transcript's"
         f" delay); none: only when every hypothesis agrees (default {default.commit_ms})",
     )
-    pause_lookback = SessionOptions().pause_lookback_ms
-    p.add_argument(
-        "--pause-lookback-ms",
-        type=_ms_or_none,
-        metavar="MS",
-        default=pause_lookback,
-        help="before speech and in pauses, the encoder looks back at most this far, so a"
-        " pause's silence is forgotten; none: the model's whole lookback"
-        f" (default {pause_lookback})",
-    )
-    margin = SessionOptions().sound_margin_db
-    p.add_argument(
-        "--sound-margin-db",
-        type=_db_or_none,
-        metavar="DB",
-        default=margin,
-        help="...but it keeps every frame since the sound now heard began: frames this many dB"
-        " above the noise floor; none: only the transcript's first piece says speech began"
-        f" (default {margin:g})",
-    )
+    session = SessionOptions()
+    for flag, parse, value, help_text in (
+        (
+            "--pause-lookback-ms", _ms_or_none, session.pause_lookback_ms,
+            "before speech and in pauses, the encoder looks back at most this far, so a pause's"
+            " silence is forgotten; none: the model's whole lookback",
+        ),
+        (
+            "--sound-margin-db", _db_or_none, session.sound_margin_db,
+            "...but it keeps every frame since the sound now heard began: frames this many dB"
+            " above the noise floor; none: only the transcript's first piece says speech began",
+        ),
+    ):  # fmt: skip
+        metavar = flag.rsplit("-", 1)[1].upper()
+        p.add_argument(
+            flag,
+            type=parse,
+            metavar=metavar,
+            default=value,
+            help=f"{help_text} (default {value:g})",
+        )
     p.add_argument(
         "--translate-from",
         choices=TRANSLATION_SOURCES,
@@ -471,28 +472,25 @@ def translation_search(args: argparse.Namespace):
     return TranslationSearch(args.translation_beam, args.no_repeat_ngram)
 
 
-def _ms_or_none(text: str) -> int | None:
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0 or none, got {text!r}")
-    return value
+def _or_none(cast, unit: str):
+    """An argparse type: `none`, or a finite number >= 0 read by cast."""
+
+    def parse(text: str):
+        if text.strip().lower() == "none":
+            return None
+        try:
+            value = cast(text)
+        except ValueError:
+            value = -1
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"expected {unit} >= 0 or none, got {text!r}")
+        return value
+
+    return parse
 
 
-def _db_or_none(text: str) -> float | None:
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected decibels >= 0 or none, got {text!r}")
-    return value
+_ms_or_none = _or_none(int, "milliseconds")
+_db_or_none = _or_none(float, "decibels")
 
 
 def _ms_or_none_list(text: str) -> list[int | None]:
