@@ -2,11 +2,12 @@
 
 Text only: the (transcript, translation) pairs of the corpus manifests or of a Multi30k folder,
 the transcript normalized as the recognizer writes it, optionally with simulated recognition
-errors (`WordNoise`) or joined by what the recognizer wrote for the same sentences (`--recognized`:
-`streamasr eval` folders of training-voice audio, real confusions), read as the recognizer's pieces or as pieces of the cascade's own. The
-speech model (encoder, CTC head, speech decoder) is kept as it is; the transcript encoder and its
-decoder are trained, a new decoder starting from the speech decoder's weights (its German is
-learnt already). Resumable like `train.train`, and the work folder exports the same way.
+errors (`WordNoise`) or joined by what the recognizer wrote for the same sentences
+(`--recognized`: `streamasr eval` folders of training-voice audio, real confusions), read as the
+recognizer's pieces or as pieces of the cascade's own. The speech model (encoder, CTC head,
+speech decoder) is kept as it is; the transcript encoder and its decoder are trained, a new
+decoder starting from the speech decoder's weights (its German is learnt already). Resumable
+like `train.train`, and the work folder exports the same way.
 """
 
 from __future__ import annotations
