@@ -470,13 +470,10 @@ def results_section(eval_dirs: list[Path]) -> str:
             f", in a room of RT60 {room['rt60_s']:g} s, DRR {room['drr_db']:g} dB" if room else ""
         )
         lookback = summary.get("pause_lookback_ms")  # absent in folders from before the option
-        after += f", pause lookback {lookback} ms" if lookback is not None else ""
         margin = summary.get("sound_margin_db")  # absent in folders from before the option
-        after += (
-            f" from the sound's onset ({margin:g} dB)"
-            if lookback is not None and margin is not None
-            else ""
-        )
+        if lookback is not None:
+            after += f", pause lookback {lookback} ms"
+            after += f" from the sound's onset ({margin:g} dB)" if margin is not None else ""
         parts.append(
             f"**{summary['chunk_ms']} ms chunks, translation from the {source}**"
             f" ({summary['model']}, {count} utterances{after},"

@@ -266,9 +266,9 @@ def train_cascade(
     else:
         pairs = text_pairs([corpus / "train.jsonl"] + [e / "train.jsonl" for e in extra])
         val_pairs = text_pairs([corpus / "val.jsonl"], tcfg.val_utterances)
-    sentences = len(pairs)  # the pairs the tokenizer and the word noise learn from
+    sentences = pairs  # what the tokenizer and the word noise learn from
     if recognized:
-        pairs = with_recognized(pairs, recognized_pairs(recognized))
+        pairs = with_recognized(sentences, recognized_pairs(recognized))
     if fresh:
         base = _warm_start_files(init, work)
         cfg = dataclasses.replace(base, **cascade, translate_from="transcript")
@@ -278,7 +278,7 @@ def train_cascade(
         )
         if cfg.transcript_vocab and not same_shape:
             prefix = work / Path(TRANSCRIPT_TOKENIZER).stem
-            train_tokenizer((text for text, _ in pairs[:sentences]), prefix, cfg.transcript_vocab)
+            train_tokenizer((text for text, _ in sentences), prefix, cfg.transcript_vocab)
     else:
         cfg = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
     en = transcript_pieces(work, cfg) or Tokenizer(work / "en.model")  # the source pieces
@@ -290,7 +290,7 @@ def train_cascade(
         items.append({"words": words, "src": src, "ends": ends, "tgt": de.encode(translation)})
     noise = None
     if tcfg.source_noise > 0:
-        noise = WordNoise([text for text, _ in pairs[:sentences]])
+        noise = WordNoise([text for text, _ in sentences])
         val_rng = random.Random(0)  # the same noisy validation transcripts at every validation
         noisy_val = [
             (" ".join(noise(text.split(), tcfg.source_noise / 2, val_rng)), translation)
