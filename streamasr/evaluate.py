@@ -59,6 +59,29 @@ class FullContext:
     word_ends_ms: list[float]  # end of each reference word, by CTC forced alignment
 
 
+@dataclass(frozen=True)
+class Playback:
+    """What each file goes through before the session hears it: `lead_silence_ms` of digital
+    silence before it (a sentence after a pause, as in a live stream; part of the source, so
+    latencies count from the start of the silence), then, with `room` (RT60 in seconds,
+    direct-to-reverberant ratio in dB), a synthetic room of its own (`audio.in_room`)."""
+
+    lead_silence_ms: int = 0
+    room: tuple[float, float] | None = None
+
+    def audio(self, utt: Utterance) -> np.ndarray:
+        lead = np.zeros(ms_to_samples(self.lead_silence_ms), dtype=np.float32)
+        audio = np.concatenate([lead, load_audio(utt.audio)])
+        return audio if self.room is None else in_room(audio, *self.room, seed=utt.id)
+
+    def describe(self) -> str:
+        """', each after N ms of silence, in a room of ...' (empty for the files as they are)."""
+        text = f", each after {self.lead_silence_ms} ms of silence" if self.lead_silence_ms else ""
+        if self.room is not None:
+            text += f", in a room of RT60 {self.room[0]:g} s, DRR {self.room[1]:g} dB"
+        return text
+
+
 def ctc_log_probs(bundle: Bundle, audio: np.ndarray, chunk_frames: int) -> torch.Tensor:
     """(1, T, V) CTC log-probs of a whole file: under the chunk mask they equal the streaming
     encoder's (tested); chunk_frames=-1 is full context."""
@@ -97,13 +120,12 @@ def tune_beam(
     utterances: list[Utterance],
     chunk_ms: int,
     grid: list[BeamOptions],
-    playback: Playback | None = None,
+    playback: Playback = Playback(),
 ) -> list[TuneResult]:
     """WER of greedy search and of each beam setting on streaming log-probs (computed once),
     and each setting's emission delay: the search is stepped chunk by chunk as in a session,
     a word counting as emitted at the end of its chunk's audio. `playback` (default: the files
     as they are) is what each file goes through first, e.g. a synthetic room."""
-    playback = playback or Playback()
     chunk_frames = bundle.config.chunk_frames(chunk_ms)
     refs, log_probs, ends = [], [], []
     for utt in tqdm(utterances, desc="encode", unit="utt"):
@@ -283,29 +305,6 @@ def summarize(instances: list[Instance], wait_k: int | str) -> dict:
     audio_ms = sum(i.source_ms for i in instances)
     run["rtf"] = sum(i.compute_ms for i in instances) / audio_ms if audio_ms else None
     return run
-
-
-@dataclass(frozen=True)
-class Playback:
-    """What each file goes through before the session hears it: `lead_silence_ms` of digital
-    silence before it (a sentence after a pause, as in a live stream; part of the source, so
-    latencies count from the start of the silence), then, with `room` (RT60 in seconds,
-    direct-to-reverberant ratio in dB), a synthetic room of its own (`audio.in_room`)."""
-
-    lead_silence_ms: int = 0
-    room: tuple[float, float] | None = None
-
-    def audio(self, utt: Utterance) -> np.ndarray:
-        lead = np.zeros(ms_to_samples(self.lead_silence_ms), dtype=np.float32)
-        audio = np.concatenate([lead, load_audio(utt.audio)])
-        return audio if self.room is None else in_room(audio, *self.room, seed=utt.id)
-
-    def describe(self) -> str:
-        """', each after N ms of silence, in a room of ...' (empty for the files as they are)."""
-        text = f", each after {self.lead_silence_ms} ms of silence" if self.lead_silence_ms else ""
-        if self.room is not None:
-            text += f", in a room of RT60 {self.room[0]:g} s, DRR {self.room[1]:g} dB"
-        return text
 
 
 def evaluate(
