@@ -50,6 +50,29 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--jobs", type=int, default=2, help="parallel synthesis processes")
     build.add_argument("--seed", type=int, default=0, help="voice/prosody seed")
     build.set_defaults(func=cmd_data_build)
+    vocode = data_sub.add_parser(
+        "vocode",
+        help="re-synthesize a built corpus through a parametric vocoder (WORLD), so training"
+        " voices also sound like statistical parametric speech",
+    )
+    vocode.add_argument(
+        "sources",
+        nargs="+",
+        type=_manifest_count,
+        metavar="MANIFEST[:N]",
+        help="manifests of training voices to re-synthesize; :N draws N of its rows (seeded)",
+    )
+    vocode.add_argument("--out", type=Path, required=True, help="corpus folder to write")
+    vocode.add_argument("--split", default="train", help="manifest name to write (default train)")
+    vocode.add_argument(
+        "--held-out",
+        action="store_true",
+        help="every utterance in one setting beyond the training draw on every axis (a tuning"
+        " set), instead of a setting drawn per utterance",
+    )
+    vocode.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
+    vocode.add_argument("--seed", type=int, default=0, help="row and setting seed (default 0)")
+    vocode.set_defaults(func=cmd_data_vocode)
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
@@ -70,6 +93,21 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         print(f"wrote {manifest}", file=sys.stderr)
     for line in summary.lines():
         print(line)
+    return 0
+
+
+def cmd_data_vocode(args: argparse.Namespace) -> int:
+    from . import vocoder
+
+    sources = [(path, vocoder.read_source(path, limit, args.seed)) for path, limit in args.sources]
+    args.out.mkdir(parents=True, exist_ok=True)
+    fixed = vocoder.HELD_OUT if args.held_out else None
+    manifest, rows, failures = vocoder.vocode_corpus(
+        sources, args.out, args.split, args.seed, args.jobs, fixed
+    )
+    print(f"wrote {manifest}", file=sys.stderr)
+    hours = sum(row["duration_ms"] for row in rows) / 3.6e6
+    print(f"utterances: {len(rows)}  audio: {hours:.2f} h  failures: {failures}")
     return 0
 
 
@@ -351,6 +389,12 @@ def _int_at_least(minimum: int, what: str):
 
 _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
+
+
+def _manifest_count(text: str) -> tuple[Path, int | None]:
+    """MANIFEST or MANIFEST:N."""
+    path, sep, count = text.rpartition(":")
+    return (Path(path), _positive_int(count)) if sep else (Path(text), None)
 
 
 def _room(text: str) -> tuple[float, float]:
