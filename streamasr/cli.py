@@ -47,8 +47,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         help="every split speaks with train-pool voices (a tuning set that keeps the evaluation"
         " voices unseen)",
     )
-    build.add_argument("--jobs", type=int, default=2, help="parallel synthesis processes")
-    build.add_argument("--seed", type=int, default=0, help="voice/prosody seed")
+    _add_jobs_and_seed(build, "voice and prosody")
     build.set_defaults(func=cmd_data_build)
     vocode = data_sub.add_parser(
         "vocode",
@@ -70,9 +69,13 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         help="every utterance in one setting beyond the training draw on every axis (a tuning"
         " set), instead of a setting drawn per utterance",
     )
-    vocode.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
-    vocode.add_argument("--seed", type=int, default=0, help="row and setting seed (default 0)")
+    _add_jobs_and_seed(vocode, "row and setting")
     vocode.set_defaults(func=cmd_data_vocode)
+
+
+def _add_jobs_and_seed(parser: argparse.ArgumentParser, drawn: str) -> None:
+    parser.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help=f"{drawn} seed (default 0)")
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
