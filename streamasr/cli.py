@@ -51,8 +51,8 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     build.set_defaults(func=cmd_data_build)
     vocode = data_sub.add_parser(
         "vocode",
-        help="re-synthesize a built corpus through a parametric vocoder (WORLD), so training"
-        " voices also sound like statistical parametric speech",
+        help="re-synthesize a built corpus through a parametric vocoder, so training voices also"
+        " sound like statistical parametric speech",
     )
     vocode.add_argument(
         "sources",
@@ -68,6 +68,13 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="every utterance in one setting beyond the training draw on every axis (a tuning"
         " set), instead of a setting drawn per utterance",
+    )
+    vocode.add_argument(
+        "--vocoder",
+        choices=("world", "mlsa"),
+        default="world",
+        help="world: WORLD's own synthesis; mlsa: a mel-cepstrum through SPTK's MLSA filter with"
+        " pulse/noise excitation, as HTS (default world)",
     )
     _add_jobs_and_seed(vocode, "row and setting")
     vocode.set_defaults(func=cmd_data_vocode)
@@ -106,7 +113,7 @@ def cmd_data_vocode(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     fixed = vocoder.HELD_OUT if args.held_out else None
     manifest, rows, failures = vocoder.vocode_corpus(
-        sources, args.out, args.split, args.seed, args.jobs, fixed
+        sources, args.out, args.split, args.seed, args.jobs, fixed, args.vocoder
     )
     print(f"wrote {manifest}", file=sys.stderr)
     hours = sum(row["duration_ms"] for row in rows) / 3.6e6

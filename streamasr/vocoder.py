@@ -3,15 +3,19 @@ parametric speech (HTS, clustergen) without ever hearing such a voice.
 
 Each utterance is analysed by WORLD (f0 by DIO refined by StoneMask, CheapTrick spectral
 envelope, D4C aperiodicity) and synthesized again from what a parametric synthesizer would have
-kept of it: the envelope coded to a few mel-cepstrum-like dimensions, its variance around the
-utterance's mean shrunk and its course smoothed over time (the over-smoothing of generated
-parameters), band aperiodicity, and a smoothed f0 contour. The draw of these per utterance comes
-from a generator seeded by (seed, utterance id), so a corpus is the same for any number of jobs
-and resumed runs.
+kept of it: the envelope as a few cepstral dimensions, its variance around the utterance's mean
+shrunk and its course smoothed over time (the over-smoothing of generated parameters), and a
+smoothed f0 contour. Two vocoders speak it: WORLD itself (`world`: band aperiodicity, a smooth
+mixed excitation) or the classic HTS one (`mlsa`: a mel-cepstrum through SPTK's MLSA filter,
+excited by a pulse train where voiced and noise where not: buzzier). The draw of these per
+utterance comes from a generator seeded by (seed, utterance id), so a corpus is the same for any
+number of jobs and resumed runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import logging
 import random
@@ -44,15 +48,17 @@ class VocoderDraw:
     variance_scale: float = 1.0  # envelope deviation from the utterance mean is scaled by this
     smooth_frames: int = 1  # moving average of the coded envelope over this many 5 ms frames
     f0_median_frames: int = 1  # median filter of the voiced f0 contour
+    vocoder: str = "world"  # or "mlsa"
 
     @classmethod
-    def draw(cls, rng: random.Random) -> VocoderDraw:
+    def draw(cls, rng: random.Random, vocoder: str = "world") -> VocoderDraw:
         """The training range; `HELD_OUT` lies beyond it on every axis."""
         return cls(
             envelope_dims=rng.randint(28, 48),
             variance_scale=round(rng.uniform(0.7, 1.0), 3),
             smooth_frames=rng.choice((1, 3, 5)),
             f0_median_frames=rng.choice((1, 5, 9)),
+            vocoder=vocoder,
         )
 
 
@@ -70,45 +76,59 @@ def _moving(frames: np.ndarray, size: int, reduce) -> np.ndarray:
     return reduce(windows, axis=-1)
 
 
-def _world():
+def _package(name: str):
     try:
-        with warnings.catch_warnings():  # pyworld 0.3.5 imports the deprecated pkg_resources
+        with warnings.catch_warnings():  # pyworld 0.3.5 and pysptk import pkg_resources
             warnings.simplefilter("ignore", UserWarning)
-            import pyworld
+            return importlib.import_module(name)
     except ImportError as err:
         raise CorpusError(
             f"vocoding needs `pip install -e '.[tts]'` ({err.name} missing)"
         ) from None
-    return pyworld
+
+
+def _oversmooth(frames: np.ndarray, draw: VocoderDraw) -> np.ndarray:
+    """Cepstral frames as generated parameters: less variance about their mean, smoothed."""
+    mean = frames.mean(axis=0, keepdims=True)
+    frames = mean + (frames - mean) * draw.variance_scale
+    return np.ascontiguousarray(_moving(frames, draw.smooth_frames, np.mean))
 
 
 def vocode(audio: np.ndarray, sample_rate: int, draw: VocoderDraw) -> np.ndarray:
     """One utterance analysed and re-synthesized under `draw`, at the input's length and peak."""
-    pw = _world()
+    pw = _package("pyworld")
     x = np.ascontiguousarray(audio, dtype=np.float64)
     f0, times = pw.dio(x, sample_rate, frame_period=FRAME_MS)
     f0 = pw.stonemask(x, f0, times, sample_rate)
     envelope = pw.cheaptrick(x, f0, times, sample_rate)
-    aperiodicity = pw.d4c(x, f0, times, sample_rate)
-    fft_size = pw.get_cheaptrick_fft_size(sample_rate)
+    smooth_f0 = np.where(f0 > 0, _moving(f0, draw.f0_median_frames, np.median), 0.0)
 
-    coded = pw.code_spectral_envelope(envelope, sample_rate, draw.envelope_dims)
-    mean = coded.mean(axis=0, keepdims=True)
-    coded = mean + (coded - mean) * draw.variance_scale
-    coded = _moving(coded, draw.smooth_frames, np.mean)
-    envelope = pw.decode_spectral_envelope(np.ascontiguousarray(coded), sample_rate, fft_size)
-    bands = pw.code_aperiodicity(aperiodicity, sample_rate)
-    aperiodicity = pw.decode_aperiodicity(np.ascontiguousarray(bands), sample_rate, fft_size)
-    f0 = np.where(f0 > 0, _moving(f0, draw.f0_median_frames, np.median), 0.0)
+    if draw.vocoder == "mlsa":
+        sptk = _package("pysptk")
+        from pysptk.synthesis import MLSADF, Synthesizer
 
-    y = pw.synthesize(np.ascontiguousarray(f0), envelope, aperiodicity, sample_rate, FRAME_MS)
+        order, alpha = draw.envelope_dims - 1, sptk.util.mcepalpha(sample_rate)
+        cepstrum = _oversmooth(sptk.sp2mc(envelope, order=order, alpha=alpha), draw)
+        hop = round(sample_rate * FRAME_MS / 1000)
+        period = np.where(smooth_f0 > 0, sample_rate / np.maximum(smooth_f0, 1.0), 0.0)
+        # seeded Gaussian noise where unvoiced: SPTK's M-sequence carries state between calls
+        pulses = sptk.excite(period, hop, gaussian=True, seed=1)
+        synthesizer = Synthesizer(MLSADF(order=order, alpha=alpha), hop)
+        y = synthesizer.synthesis(pulses, sptk.mc2b(cepstrum, alpha))
+    else:
+        fft_size = pw.get_cheaptrick_fft_size(sample_rate)
+        coded = pw.code_spectral_envelope(envelope, sample_rate, draw.envelope_dims)
+        envelope = pw.decode_spectral_envelope(_oversmooth(coded, draw), sample_rate, fft_size)
+        bands = pw.code_aperiodicity(pw.d4c(x, f0, times, sample_rate), sample_rate)
+        aperiodicity = pw.decode_aperiodicity(np.ascontiguousarray(bands), sample_rate, fft_size)
+        y = pw.synthesize(smooth_f0, envelope, aperiodicity, sample_rate, FRAME_MS)
     y = np.resize(y, len(x)) if len(y) != len(x) else y
     peak = np.abs(y).max()
     y = y * (np.abs(x).max() / peak) if peak > 0 else y
     return y.astype(np.float32)
 
 
-def _vocode_row(task: tuple[dict, Path, Path, str, int, VocoderDraw | None]) -> dict | None:
+def _vocode_row(task: tuple[dict, Path, Path, str, int, str, VocoderDraw | None]) -> dict | None:
     """Vocode one source row into out_dir (skipped when already there); its manifest row, or
     None (logged) when its audio cannot be read or analysed."""
     try:
@@ -119,10 +139,19 @@ def _vocode_row(task: tuple[dict, Path, Path, str, int, VocoderDraw | None]) -> 
 
 
 def _vocode_one(
-    row: dict, source_dir: Path, out_dir: Path, split: str, seed: int, fixed: VocoderDraw | None
+    row: dict,
+    source_dir: Path,
+    out_dir: Path,
+    split: str,
+    seed: int,
+    vocoder: str,
+    fixed: VocoderDraw | None,
 ) -> dict:
     rid = f"{source_dir.name}-{row['id']}"
-    draw = fixed or VocoderDraw.draw(random.Random(f"{seed}:{rid}"))
+    if fixed is not None:
+        draw = dataclasses.replace(fixed, vocoder=vocoder)
+    else:
+        draw = VocoderDraw.draw(random.Random(f"{seed}:{rid}"), vocoder)
     audio = f"wav/{split}/{rid}.flac"
     target = out_dir / audio
     if not target.exists():
@@ -134,7 +163,7 @@ def _vocode_one(
             sf.write(f.name, y, sample_rate, subtype="PCM_16")
         shutil.move(f.name, target)
     out = {key: value for key, value in row.items() if key not in ("id", "audio", "duration_ms")}
-    out = {"id": rid, "audio": audio, **out, "voice": f"world:{row.get('voice', 'unknown')}"}
+    out = {"id": rid, "audio": audio, **out, "voice": f"{vocoder}:{row.get('voice', 'unknown')}"}
     out["duration_ms"] = round(audio_duration_ms(target), 1)
     out["vocoder"] = asdict(draw)
     return out
@@ -167,11 +196,12 @@ def vocode_corpus(
     seed: int,
     jobs: int,
     fixed: VocoderDraw | None = None,
+    vocoder: str = "world",
 ) -> tuple[Path, list[dict], int]:
     """Vocode every source row into out_dir/SPLIT.jsonl (in parallel, resuming): the manifest,
     its rows and the number of source rows that failed."""
     tasks = [
-        (row, manifest.parent, out_dir, split, seed, fixed)
+        (row, manifest.parent, out_dir, split, seed, vocoder, fixed)
         for manifest, rows in sources
         for row in rows
     ]

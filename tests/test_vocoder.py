@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -30,7 +31,10 @@ def vowel(seconds: float = 0.6, f0: float = 120.0) -> np.ndarray:
     return (0.5 * x / np.abs(x).max()).astype(np.float32)
 
 
-@pytest.mark.parametrize("draw", [VocoderDraw(), HELD_OUT], ids=["plain", "held-out"])
+DRAWS = [VocoderDraw(), HELD_OUT, VocoderDraw(vocoder="mlsa"), replace(HELD_OUT, vocoder="mlsa")]
+
+
+@pytest.mark.parametrize("draw", DRAWS, ids=["world", "world-held-out", "mlsa", "mlsa-held-out"])
 def test_vocode_keeps_length_peak_and_the_formants(draw):
     x = vowel()
     y = vocode(x, RATE, draw)
@@ -89,9 +93,11 @@ def test_data_vocode_held_out_uses_one_setting(tmp_path):
     source = write_corpus(tmp_path / "corpus-a", ["flite:rms", "flite:kal16"])
     out = tmp_path / "tune"
     assert main(["data", "vocode", str(source), "--out", str(out), "--split", "val",
-                 "--held-out", "--jobs", "1"]) == 0  # fmt: skip
+                 "--held-out", "--vocoder", "mlsa", "--jobs", "1"]) == 0  # fmt: skip
     rows = [json.loads(line) for line in (out / "val.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and all(VocoderDraw(**r["vocoder"]) == HELD_OUT for r in rows)
+    assert len(rows) == 2
+    assert all(VocoderDraw(**r["vocoder"]) == replace(HELD_OUT, vocoder="mlsa") for r in rows)
+    assert [r["voice"] for r in rows] == ["mlsa:flite:rms", "mlsa:flite:kal16"]
 
 
 @pytest.mark.parametrize(
