@@ -14,7 +14,6 @@ number of jobs and resumed runs.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import logging
@@ -23,7 +22,7 @@ import shutil
 import tempfile
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +121,7 @@ def vocode(audio: np.ndarray, sample_rate: int, draw: VocoderDraw) -> np.ndarray
         bands = pw.code_aperiodicity(pw.d4c(x, f0, times, sample_rate), sample_rate)
         aperiodicity = pw.decode_aperiodicity(np.ascontiguousarray(bands), sample_rate, fft_size)
         y = pw.synthesize(smooth_f0, envelope, aperiodicity, sample_rate, FRAME_MS)
-    y = np.resize(y, len(x)) if len(y) != len(x) else y
+    y = np.pad(y[: len(x)], (0, max(0, len(x) - len(y))))  # the vocoder's frame grid, trimmed
     peak = np.abs(y).max()
     y = y * (np.abs(x).max() / peak) if peak > 0 else y
     return y.astype(np.float32)
@@ -149,7 +148,7 @@ def _vocode_one(
 ) -> dict:
     rid = f"{source_dir.name}-{row['id']}"
     if fixed is not None:
-        draw = dataclasses.replace(fixed, vocoder=vocoder)
+        draw = replace(fixed, vocoder=vocoder)
     else:
         draw = VocoderDraw.draw(random.Random(f"{seed}:{rid}"), vocoder)
     audio = f"wav/{split}/{rid}.flac"
