@@ -121,7 +121,7 @@ def vocode(audio: np.ndarray, sample_rate: int, draw: VocoderDraw) -> np.ndarray
         bands = pw.code_aperiodicity(pw.d4c(x, f0, times, sample_rate), sample_rate)
         aperiodicity = pw.decode_aperiodicity(np.ascontiguousarray(bands), sample_rate, fft_size)
         y = pw.synthesize(smooth_f0, envelope, aperiodicity, sample_rate, FRAME_MS)
-    y = np.pad(y[: len(x)], (0, max(0, len(x) - len(y))))  # the vocoder's frame grid, trimmed
+    y = y[: len(x)]  # both synthesize whole 5 ms frames, one more than the input fills
     peak = np.abs(y).max()
     y = y * (np.abs(x).max() / peak) if peak > 0 else y
     return y.astype(np.float32)

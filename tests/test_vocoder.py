@@ -114,9 +114,3 @@ def test_data_vocode_refuses_reserved_voices(tmp_path, capsys, voice):
 def test_data_vocode_missing_manifest_is_a_one_line_error(tmp_path, capsys):
     assert main(["data", "vocode", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "w")]) == 2
     assert "no such manifest" in capsys.readouterr().err
-
-
-def test_vocode_ends_in_silence_where_the_frame_grid_falls_short():
-    x = vowel(0.603)  # 9,648 samples; WORLD's 5 ms grid synthesizes 9,601
-    y = vocode(x, RATE, VocoderDraw())
-    assert len(y) == len(x) and np.all(y[9601:] == 0) and np.any(y[9500:9601] != 0)
