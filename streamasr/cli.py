@@ -108,16 +108,18 @@ def cmd_data_build(args: argparse.Namespace) -> int:
 
 def cmd_data_vocode(args: argparse.Namespace) -> int:
     from . import vocoder
+    from .corpus import BuildSummary
 
     sources = [(path, vocoder.read_source(path, limit, args.seed)) for path, limit in args.sources]
     args.out.mkdir(parents=True, exist_ok=True)
     fixed = vocoder.HELD_OUT if args.held_out else None
-    manifest, rows, failures = vocoder.vocode_corpus(
-        sources, args.out, args.split, args.seed, args.jobs, fixed, args.vocoder
+    summary = BuildSummary()
+    manifest = vocoder.vocode_corpus(
+        sources, args.out, args.split, args.seed, args.jobs, summary, fixed, args.vocoder
     )
     print(f"wrote {manifest}", file=sys.stderr)
-    hours = sum(row["duration_ms"] for row in rows) / 3.6e6
-    print(f"utterances: {len(rows)}  audio: {hours:.2f} h  failures: {failures}")
+    for line in summary.lines():
+        print(line)
     return 0
 
 

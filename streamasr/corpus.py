@@ -334,6 +334,12 @@ def build_split(jobs: list[Job], out_dir: Path, num_jobs: int, summary: BuildSum
         for _ in tqdm(done, total=len(jobs), desc=split, unit="utt", dynamic_ncols=True):
             pass
     manifest = out_dir / f"{split}.jsonl"
+    write_manifest(manifest, rows, summary)
+    return manifest
+
+
+def write_manifest(manifest: Path, rows: list[dict | None], summary: BuildSummary) -> None:
+    """The rows written (atomically) and counted into summary; None rows count as failures."""
     tmp = manifest.with_suffix(".jsonl.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for row in rows:
@@ -345,4 +351,3 @@ def build_split(jobs: list[Job], out_dir: Path, num_jobs: int, summary: BuildSum
             summary.seconds += row["duration_ms"] / 1000
             summary.per_voice[row["voice"]] += 1
     tmp.replace(manifest)
-    return manifest

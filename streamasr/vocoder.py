@@ -31,7 +31,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tqdm import tqdm
 
 from .audio import audio_duration_ms
-from .corpus import CorpusError
+from .corpus import BuildSummary, CorpusError, write_manifest
 from .voices import Voice, VoiceError
 
 log = logging.getLogger(__name__)
@@ -194,11 +194,12 @@ def vocode_corpus(
     split: str,
     seed: int,
     jobs: int,
+    summary: BuildSummary,
     fixed: VocoderDraw | None = None,
     vocoder: str = "world",
-) -> tuple[Path, list[dict], int]:
-    """Vocode every source row into out_dir/SPLIT.jsonl (in parallel, resuming): the manifest,
-    its rows and the number of source rows that failed."""
+) -> Path:
+    """Vocode every source row into out_dir/SPLIT.jsonl (in parallel, resuming), counted into
+    summary; the manifest."""
     tasks = [
         (row, manifest.parent, out_dir, split, seed, vocoder, fixed)
         for manifest, rows in sources
@@ -208,10 +209,5 @@ def vocode_corpus(
         done = pool.map(_vocode_row, tasks, chunksize=8)
         rows = list(tqdm(done, total=len(tasks), desc=split, unit="utt", dynamic_ncols=True))
     manifest = out_dir / f"{split}.jsonl"
-    tmp = manifest.with_suffix(".jsonl.tmp")
-    written = [row for row in rows if row is not None]
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in written:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(manifest)
-    return manifest, written, len(rows) - len(written)
+    write_manifest(manifest, rows, summary)
+    return manifest
