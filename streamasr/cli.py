@@ -31,8 +31,9 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--splits", default="train,val,test_2016_flickr", help="comma-separated")
     build.add_argument(
         "--voices",
-        help="train voice pool, ENGINE:VOICE,... (default: all); kokoro voices blend with +"
-        " and read another accent's phonemes after @, e.g. kokoro:jf_alpha+jm_kumo@en-gb-x-rp",
+        help="train voice pool, ENGINE:VOICE,... (default: all); kokoro voices blend with +,"
+        " read another accent's phonemes after @, and drawn-N is a speaker drawn beyond the five"
+        " (seed N), e.g. kokoro:jf_alpha+jm_kumo@en-gb-x-rp, kokoro:drawn-7@en-gb",
     )
     build.add_argument("--limit", type=_positive_int, help="at most N sentences per split")
     build.add_argument(

