@@ -146,8 +146,13 @@ def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
 
 @pytest.mark.parametrize(
     "voice",
-    ["piper:nobody", "kokoro:nobody", "kokoro:jm_kumo+nobody", "kokoro:jm_kumo@fr",
-     "kokoro:drawn-", "kokoro:drawn-x"],  # fmt: skip
+    [
+        "piper:nobody",
+        "kokoro:nobody",
+        "kokoro:jm_kumo+nobody",
+        "kokoro:jm_kumo@fr",
+        "kokoro:drawn-",
+    ],
 )
 def test_unknown_neural_voice_is_a_one_line_error(multi30k, tmp_path, capsys, voice):
     code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
