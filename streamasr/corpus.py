@@ -196,10 +196,15 @@ class KokoroVoices:
         """A speaker's style vectors (510, 1, 256): the package's, or drawn (`drawn-N`)."""
         if speaker in self.styles:
             return self.styles[speaker]
-        seed = int(KOKORO_DRAWN.fullmatch(speaker)[1])
+        mean, std = self._five_mean_std
+        normal = np.random.default_rng(int(KOKORO_DRAWN.fullmatch(speaker)[1]))
+        return mean + KOKORO_DRAWN_SPREAD * std * normal.standard_normal(mean.shape[-1])
+
+    @functools.cached_property
+    def _five_mean_std(self) -> tuple[np.ndarray, np.ndarray]:
+        """The package speakers' style mean and standard deviation, per dimension."""
         five = np.stack([self.styles[s] for s in KOKORO_VOICES])
-        normal = np.random.default_rng(seed).standard_normal(five.shape[-1])
-        return five.mean(0) + KOKORO_DRAWN_SPREAD * five.std(0) * normal
+        return five.mean(0), five.std(0)
 
     def speak(self, voice: Voice, text: str) -> np.ndarray:
         speakers, accent = voice.kokoro_speakers_accent
