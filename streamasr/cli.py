@@ -1032,6 +1032,52 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    cmp = sub.add_parser(
+        "compare",
+        help="two eval runs' WER on the same utterances, with a paired bootstrap interval",
+        description="B's WER minus A's, streamed and with full context, on the utterances both "
+        "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap).",
+    )
+    cmp.add_argument("a", type=Path, help="an eval folder (`streamasr eval --out`): the baseline")
+    cmp.add_argument("b", type=Path, help="an eval folder of the same manifest: the candidate")
+    cmp.add_argument("--samples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    cmp.add_argument("--seed", type=int, default=0, help="resampling seed (default 0)")
+    cmp.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .evaluate import paired_wer_bootstrap, read_transcripts
+
+    if args.samples < 1:
+        raise UsageError(f"--samples {args.samples}: must be at least 1")
+    for folder in (args.a, args.b):
+        if not (folder / "instances.jsonl").is_file():
+            raise UsageError(f"{folder}: no instances.jsonl (run `streamasr eval --out` first)")
+    a, b = read_transcripts(args.a), read_transcripts(args.b)
+    if not a or a.keys() != b.keys():
+        raise UsageError(
+            f"{args.a} and {args.b} did not read the same utterances with reference transcripts "
+            f"({len(a)} and {len(b)}, {len(a.keys() & b.keys())} in common)"
+        )
+    ids = sorted(a)
+    if any(a[i][0] != b[i][0] for i in ids):
+        raise UsageError(f"{args.a} and {args.b}: the same ids with other reference transcripts")
+    refs = [a[i][0] for i in ids]
+    print(
+        f"{len(ids)} utterances; B - A in WER points, 95 % interval over {args.samples} resamples"
+    )
+    for name, column in (("streamed", 1), ("full context", 2)):
+        d = paired_wer_bootstrap(
+            refs, [a[i][column] for i in ids], [b[i][column] for i in ids], args.samples, args.seed
+        )
+        print(
+            f"{name:>12}: A {d.a:.2f} %  B {d.b:.2f} %  B - A {d.b - d.a:+.2f} "
+            f"[{d.low:+.2f}, {d.high:+.2f}]  B higher in {100 * d.b_higher:.1f} % of resamples"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamasr",
@@ -1047,6 +1093,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune_lm(sub)
     _add_bench(sub)
     _add_results(sub)
+    _add_compare(sub)
     return parser
 
 

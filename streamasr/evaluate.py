@@ -463,6 +463,57 @@ def markdown_table(runs: list[dict]) -> str:
     return "\n".join([header, rule] + ["| " + " | ".join(row) + " |" for row in table_rows(runs)])
 
 
+@dataclass(frozen=True)
+class WerDifference:
+    """B's WER minus A's on the same utterances, with a paired bootstrap over utterances."""
+
+    a: float  # WER % of A
+    b: float  # WER % of B
+    low: float  # 2.5th percentile of B - A (points) over the resamples
+    high: float  # 97.5th percentile
+    b_higher: float  # share of resamples in which B's WER is the higher
+
+
+def paired_wer_bootstrap(
+    refs: list[str], hyps_a: list[str], hyps_b: list[str], samples: int = 1000, seed: int = 0
+) -> WerDifference:
+    """Whether B's WER differs from A's beyond what the choice of utterances explains: both
+    error counts resampled together, utterance by utterance (Koehn, 2004, for BLEU)."""
+
+    def errors(hyps: list[str]) -> np.ndarray:
+        counts = []
+        for ref, hyp in zip(refs, hyps):
+            words = jiwer.process_words(ref, hyp)
+            counts.append(words.substitutions + words.deletions + words.insertions)
+        return np.array(counts)
+
+    err_a, err_b = errors(hyps_a), errors(hyps_b)
+    words = np.array([len(ref.split()) for ref in refs])
+    picks = np.random.default_rng(seed).integers(0, len(refs), (samples, len(refs)))
+    diff = 100 * (err_b[picks].sum(1) - err_a[picks].sum(1)) / words[picks].sum(1)
+    return WerDifference(
+        a=100 * err_a.sum() / words.sum(),
+        b=100 * err_b.sum() / words.sum(),
+        low=float(np.percentile(diff, 2.5)),
+        high=float(np.percentile(diff, 97.5)),
+        b_higher=float(np.mean(diff > 0)),
+    )
+
+
+def read_transcripts(folder: Path) -> dict[str, tuple[str, str, str]]:
+    """id -> (reference, streamed, full-context transcript), normalized, of an eval folder's
+    utterances with a reference transcript (the transcript is the same at every k)."""
+    rows = [json.loads(line) for line in open(folder / "instances.jsonl", encoding="utf-8")]
+    return {
+        row["id"]: tuple(
+            normalize_transcript(row[key] or "")
+            for key in ("text_ref", "transcript", "full_context_transcript")
+        )
+        for row in rows
+        if row["wait_k"] == rows[0]["wait_k"] and row.get("text_ref")
+    }
+
+
 RESULTS_BEGIN, RESULTS_END = "<!-- results:begin -->", "<!-- results:end -->"
 
 

@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 
 from streamasr.cli import main
+from streamasr.evaluate import paired_wer_bootstrap
 from streamasr.manifest import read_manifest
 from streamasr.metrics import average_lagging, length_adaptive_average_lagging
 from streamasr.session import SessionOptions
@@ -274,3 +275,38 @@ def test_tune_beam_reads_each_file_as_the_playback_plays_it(manifest, tiny_bundl
     assert all(np.array_equal(a, room.audio(u)) for a, u in zip(heard, utterances))
     assert not np.array_equal(heard[0], evaluate.Playback().audio(utterances[0]))
     assert room.describe() == ", in a room of RT60 0.6 s, DRR 0 dB"
+
+
+def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf")):
+    folder.mkdir()
+    with open(folder / "instances.jsonl", "w") as f:
+        for k in wait_ks:
+            for i, (hyp, ref) in enumerate(zip(transcripts, refs)):
+                row = {"id": f"u{i}", "wait_k": k, "text_ref": ref, "transcript": hyp}
+                f.write(json.dumps({**row, "full_context_transcript": ref}) + "\n")
+
+
+def test_compare_bootstraps_the_wer_difference_over_utterances(tmp_path, capsys):
+    refs = [f"a man rides a horse number {i}" for i in range(40)]
+    worse = [r.replace("horse", "house") if i % 2 else r for i, r in enumerate(refs)]
+    _eval_folder(tmp_path / "a", refs, refs)
+    _eval_folder(tmp_path / "b", worse, [r.capitalize() + "." for r in refs])
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--samples", "500"]) == 0
+    streamed, full = capsys.readouterr().out.splitlines()[1:]
+    # 20 substitutions in 280 words, every resample worse; full context the same in both
+    assert "A 0.00 %  B 7.14 %  B - A +7.14" in streamed
+    assert "B higher in 100.0 % of resamples" in streamed
+    assert "B - A +0.00 [+0.00, +0.00]  B higher in 0.0 %" in full
+
+    difference = paired_wer_bootstrap(refs, refs, worse, samples=2000, seed=1)
+    assert 0 < difference.low < difference.b - difference.a < difference.high
+    assert difference == paired_wer_bootstrap(refs, refs, worse, samples=2000, seed=1)
+
+
+def test_compare_refuses_folders_of_other_utterances(tmp_path, capsys):
+    _eval_folder(tmp_path / "a", ["a dog"] * 3, ["a dog"] * 3)
+    _eval_folder(tmp_path / "b", ["a dog"] * 2, ["a dog"] * 2)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert "did not read the same utterances" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "none")]) == 2
+    assert "no instances.jsonl" in capsys.readouterr().err
