@@ -1035,9 +1035,10 @@ def cmd_results(args: argparse.Namespace) -> int:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     cmp = sub.add_parser(
         "compare",
-        help="two eval runs' WER on the same utterances, with a paired bootstrap interval",
+        help="two eval runs' WER and BLEU on the same utterances, by paired bootstrap",
         description="B's WER minus A's, streamed and with full context, on the utterances both "
-        "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap).",
+        "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap); "
+        "then B's BLEU against A's at each wait-k both folders ran (sacrebleu's paired bootstrap).",
     )
     cmp.add_argument("a", type=Path, help="an eval folder (`streamasr eval --out`): the baseline")
     cmp.add_argument("b", type=Path, help="an eval folder of the same manifest: the candidate")
@@ -1047,7 +1048,12 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .evaluate import paired_wer_bootstrap, read_transcripts
+    from .evaluate import (
+        paired_bleu_bootstrap,
+        paired_wer_bootstrap,
+        read_transcripts,
+        read_translations,
+    )
 
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: must be at least 1")
@@ -1074,6 +1080,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(
             f"{name:>12}: A {d.a:.2f} %  B {d.b:.2f} %  B - A {d.b - d.a:+.2f} "
             f"[{d.low:+.2f}, {d.high:+.2f}]  B higher in {100 * d.b_higher:.1f} % of resamples"
+        )
+    translations_a, translations_b = read_translations(args.a), read_translations(args.b)
+    for k, pairs in translations_a.items():
+        other = translations_b.get(k, {})
+        if not pairs or pairs.keys() != other.keys():
+            continue  # B translated at other k, or other utterances
+        ids = sorted(pairs)
+        d = paired_bleu_bootstrap(
+            [pairs[i][0] for i in ids],
+            [pairs[i][1] for i in ids],
+            [other[i][1] for i in ids],
+            args.samples,
+        )
+        print(
+            f"{'BLEU k=' + k:>12}: A {d.a:.2f}  B {d.b:.2f}  B - A {d.b - d.a:+.2f}  "
+            f"p = {d.p_value:.3f} (sacrebleu's paired bootstrap)"
         )
     return 0
 
@@ -1104,7 +1126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its INFO lines are not ours
+    for noisy in ("matplotlib", "sacrebleu"):  # their INFO lines are not ours
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from .audio import AudioError
     from .bundle import ModelFolderError
     from .corpus import CorpusError

@@ -500,6 +500,37 @@ def paired_wer_bootstrap(
     )
 
 
+@dataclass(frozen=True)
+class BleuDifference:
+    a: float  # BLEU of A
+    b: float  # BLEU of B
+    p_value: float  # of B's BLEU differing from A's by chance (sacrebleu's paired bootstrap)
+
+
+def paired_bleu_bootstrap(
+    refs: list[str], hyps_a: list[str], hyps_b: list[str], samples: int = 1000
+) -> BleuDifference:
+    """sacrebleu's paired bootstrap resampling of B's BLEU against A's (seeded by sacrebleu)."""
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest(
+        [("A", hyps_a), ("B", hyps_b)], {"BLEU": sacrebleu.BLEU()}, [refs], "bs", samples
+    )
+    a, b = test()[1]["BLEU"]
+    return BleuDifference(a=a.score, b=b.score, p_value=b.p_value)
+
+
+def read_translations(folder: Path) -> dict[str, dict[str, tuple[str, str]]]:
+    """wait-k -> id -> (reference, translation) of an eval folder's utterances."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for line in open(folder / "instances.jsonl", encoding="utf-8"):
+        row = json.loads(line)
+        if row.get("translation_ref"):
+            pairs = out.setdefault(str(row["wait_k"]), {})
+            pairs[row["id"]] = (row["translation_ref"], row["translation"] or "")
+    return out
+
+
 def read_transcripts(folder: Path) -> dict[str, tuple[str, str, str]]:
     """id -> (reference, streamed, full-context transcript), normalized, of an eval folder's
     utterances with a reference transcript (the transcript is the same at every k)."""

@@ -277,26 +277,32 @@ def test_tune_beam_reads_each_file_as_the_playback_plays_it(manifest, tiny_bundl
     assert room.describe() == ", in a room of RT60 0.6 s, DRR 0 dB"
 
 
-def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf")):
+def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf"), translations=None):
     folder.mkdir()
     with open(folder / "instances.jsonl", "w") as f:
         for k in wait_ks:
             for i, (hyp, ref) in enumerate(zip(transcripts, refs)):
                 row = {"id": f"u{i}", "wait_k": k, "text_ref": ref, "transcript": hyp}
+                if translations is not None:
+                    row |= {"translation_ref": f"ein Mann reitet Pferd {i}"}
+                    row |= {"translation": translations[i]}
                 f.write(json.dumps({**row, "full_context_transcript": ref}) + "\n")
 
 
 def test_compare_bootstraps_the_wer_difference_over_utterances(tmp_path, capsys):
     refs = [f"a man rides a horse number {i}" for i in range(40)]
     worse = [r.replace("horse", "house") if i % 2 else r for i, r in enumerate(refs)]
-    _eval_folder(tmp_path / "a", refs, refs)
-    _eval_folder(tmp_path / "b", worse, [r.capitalize() + "." for r in refs])
+    german = [f"ein Mann reitet Pferd {i}" for i in range(40)]
+    _eval_folder(tmp_path / "a", refs, refs, translations=german)
+    cased = [r.capitalize() + "." for r in refs]
+    _eval_folder(tmp_path / "b", worse, cased, wait_ks=(3,), translations=["ein Haus"] * 40)
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--samples", "500"]) == 0
-    streamed, full = capsys.readouterr().out.splitlines()[1:]
+    streamed, full, bleu = capsys.readouterr().out.splitlines()[1:]  # no k=inf: B lacks it
     # 20 substitutions in 280 words, every resample worse; full context the same in both
     assert "A 0.00 %  B 7.14 %  B - A +7.14" in streamed
     assert "B higher in 100.0 % of resamples" in streamed
     assert "B - A +0.00 [+0.00, +0.00]  B higher in 0.0 %" in full
+    assert "BLEU k=3: A 100.00  B 0.00  B - A -100.00  p = 0.002" in bleu  # (0 + 1) / (500 + 1)
 
     difference = paired_wer_bootstrap(refs, refs, worse, samples=2000, seed=1)
     assert 0 < difference.low < difference.b - difference.a < difference.high
