@@ -1051,8 +1051,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .evaluate import (
         paired_bleu_bootstrap,
         paired_wer_bootstrap,
-        read_transcripts,
-        read_translations,
+        read_instances,
+        transcripts_by_id,
+        translations_by_k,
     )
 
     if args.samples < 1:
@@ -1060,7 +1061,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for folder in (args.a, args.b):
         if not (folder / "instances.jsonl").is_file():
             raise UsageError(f"{folder}: no instances.jsonl (run `streamasr eval --out` first)")
-    a, b = read_transcripts(args.a), read_transcripts(args.b)
+    rows_a, rows_b = read_instances(args.a), read_instances(args.b)
+    a, b = transcripts_by_id(rows_a), transcripts_by_id(rows_b)
     if not a or a.keys() != b.keys():
         raise UsageError(
             f"{args.a} and {args.b} did not read the same utterances with reference transcripts "
@@ -1081,7 +1083,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"{name:>12}: A {d.a:.2f} %  B {d.b:.2f} %  B - A {d.b - d.a:+.2f} "
             f"[{d.low:+.2f}, {d.high:+.2f}]  B higher in {100 * d.b_higher:.1f} % of resamples"
         )
-    translations_a, translations_b = read_translations(args.a), read_translations(args.b)
+    translations_a, translations_b = translations_by_k(rows_a), translations_by_k(rows_b)
     for k, pairs in translations_a.items():
         other = translations_b.get(k, {})
         if not pairs or pairs.keys() != other.keys():

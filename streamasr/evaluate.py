@@ -520,29 +520,34 @@ def paired_bleu_bootstrap(
     return BleuDifference(a=a.score, b=b.score, p_value=b.p_value)
 
 
-def read_translations(folder: Path) -> dict[str, dict[str, tuple[str, str]]]:
-    """wait-k -> id -> (reference, translation) of an eval folder's utterances."""
-    out: dict[str, dict[str, tuple[str, str]]] = {}
-    for line in open(folder / "instances.jsonl", encoding="utf-8"):
-        row = json.loads(line)
-        if row.get("translation_ref"):
-            pairs = out.setdefault(str(row["wait_k"]), {})
-            pairs[row["id"]] = (row["translation_ref"], row["translation"] or "")
-    return out
+def read_instances(folder: Path) -> list[dict]:
+    """The rows of an eval folder's instances.jsonl, one per utterance and wait-k."""
+    with open(folder / "instances.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 
 
-def read_transcripts(folder: Path) -> dict[str, tuple[str, str, str]]:
-    """id -> (reference, streamed, full-context transcript), normalized, of an eval folder's
-    utterances with a reference transcript (the transcript is the same at every k)."""
-    rows = [json.loads(line) for line in open(folder / "instances.jsonl", encoding="utf-8")]
-    return {
+def transcripts_by_id(rows: list[dict]) -> dict[str, tuple[str, str, str]]:
+    """id -> (reference, streamed, full-context transcript), normalized, of the utterances with a
+    reference transcript (the transcript is the same at every k, so the first k's rows)."""
+    texts = {
         row["id"]: tuple(
             normalize_transcript(row[key] or "")
             for key in ("text_ref", "transcript", "full_context_transcript")
         )
         for row in rows
-        if row["wait_k"] == rows[0]["wait_k"] and row.get("text_ref")
+        if row["wait_k"] == rows[0]["wait_k"]
     }
+    return {id_: text for id_, text in texts.items() if text[0]}
+
+
+def translations_by_k(rows: list[dict]) -> dict[str, dict[str, tuple[str, str]]]:
+    """wait-k -> id -> (reference, translation) of the utterances with a reference translation."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for row in rows:
+        if row.get("translation_ref"):
+            pairs = out.setdefault(str(row["wait_k"]), {})
+            pairs[row["id"]] = (row["translation_ref"], row["translation"] or "")
+    return out
 
 
 RESULTS_BEGIN, RESULTS_END = "<!-- results:begin -->", "<!-- results:end -->"

@@ -284,8 +284,10 @@ def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf"), translations=Non
             for i, (hyp, ref) in enumerate(zip(transcripts, refs)):
                 row = {"id": f"u{i}", "wait_k": k, "text_ref": ref, "transcript": hyp}
                 if translations is not None:
-                    row |= {"translation_ref": f"ein Mann reitet Pferd {i}"}
-                    row |= {"translation": translations[i]}
+                    row |= {
+                        "translation_ref": f"ein Mann reitet Pferd {i}",
+                        "translation": translations[i],
+                    }
                 f.write(json.dumps({**row, "full_context_transcript": ref}) + "\n")
 
 
