@@ -152,6 +152,7 @@ def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
         "kokoro:jm_kumo+nobody",
         "kokoro:jm_kumo@fr",
         "kokoro:drawn-",
+        "kokoro:drawn-x",
     ],
 )
 def test_unknown_neural_voice_is_a_one_line_error(multi30k, tmp_path, capsys, voice):
