@@ -526,16 +526,20 @@ def read_instances(folder: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def one_row_per_utterance(rows: list[dict]) -> list[dict]:
+    """The first wait-k's rows: an utterance's transcript is the same at every k."""
+    return [row for row in rows if row["wait_k"] == rows[0]["wait_k"]]
+
+
 def transcripts_by_id(rows: list[dict]) -> dict[str, tuple[str, str, str]]:
     """id -> (reference, streamed, full-context transcript), normalized, of the utterances with a
-    reference transcript (the transcript is the same at every k, so the first k's rows)."""
+    reference transcript."""
     texts = {
         row["id"]: tuple(
             normalize_transcript(row[key] or "")
             for key in ("text_ref", "transcript", "full_context_transcript")
         )
-        for row in rows
-        if row["wait_k"] == rows[0]["wait_k"]
+        for row in one_row_per_utterance(rows)
     }
     return {id_: text for id_, text in texts.items() if text[0]}
 

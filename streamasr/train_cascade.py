@@ -32,7 +32,7 @@ from .decoding import (
     TranslationSearch,
     translate_segment,
 )
-from .evaluate import read_instances
+from .evaluate import one_row_per_utterance, read_instances
 from .manifest import read_manifest
 from .model import SpeechTranslator, wait_k_visible_positions
 from .policy import WaitK
@@ -80,10 +80,7 @@ def recognized_pairs(folders: Sequence[Path]) -> list[tuple[str, str]]:
         path = folder / "instances.jsonl"
         if not path.is_file():
             raise TrainError(f"{folder}: no instances.jsonl (not a `streamasr eval` folder)")
-        rows = read_instances(folder)
-        for row in rows:
-            if row["wait_k"] != rows[0]["wait_k"]:
-                continue  # the same transcript again, translated at another k
+        for row in one_row_per_utterance(read_instances(folder)):
             try:
                 reserved = row.get("voice") is not None and Voice.parse(row["voice"]).is_reserved
             except VoiceError:
