@@ -926,10 +926,17 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
     from .decoding import BeamOptions
     from .evaluate import Playback, tune_beam
     from .manifest import read_manifest
+    from .voices import names_reserved_voice
 
     utterances = [u for u in read_manifest(args.manifest, args.limit) if u.text]
     if not utterances:
         raise UsageError(f"{args.manifest}: no utterances with text")
+    reserved = next((u for u in utterances if names_reserved_voice(u.voice)), None)
+    if reserved is not None:
+        raise UsageError(
+            f"{args.manifest}: {reserved.id} is spoken by {reserved.voice}, a voice reserved for"
+            " evaluation: the search is never tuned on it"
+        )
     bundle = load_bundle(args.model)
     if not bundle.has_lm:
         raise UsageError("the model folder has no word LM: add one with `streamasr lm`")

@@ -38,7 +38,7 @@ from .model import SpeechTranslator, wait_k_visible_positions
 from .policy import WaitK
 from .text import Tokenizer, normalize_transcript, train_tokenizer
 from .train import TrainConfig, TrainError, _warm_start_files, run_steps
-from .voices import Voice, VoiceError
+from .voices import names_reserved_voice
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,7 @@ def recognized_pairs(folders: Sequence[Path]) -> list[tuple[str, str]]:
         if not path.is_file():
             raise TrainError(f"{folder}: no instances.jsonl (not a `streamasr eval` folder)")
         for row in one_row_per_utterance(read_instances(folder)):
-            try:
-                reserved = row.get("voice") is not None and Voice.parse(row["voice"]).is_reserved
-            except VoiceError:
-                reserved = False  # not one of our engines, so not one of the reserved voices
-            if reserved:
+            if names_reserved_voice(row.get("voice")):
                 raise TrainError(
                     f"{path}: {row['id']} is spoken by {row['voice']}, a voice reserved for "
                     "evaluation: its transcripts cannot be trained on"

@@ -96,6 +96,16 @@ class Voice:
         return self.is_external or str(self) in EVAL_VOICES
 
 
+def names_reserved_voice(name: str | None) -> bool:
+    """Whether a manifest row's `voice` is a reserved one (a name no engine here knows is not)."""
+    if name is None:
+        return False
+    try:
+        return Voice.parse(name).is_reserved
+    except VoiceError:
+        return False
+
+
 def default_train_pool() -> dict[str, list[Voice]]:
     """Training voices grouped by engine, so that engines can be weighted against each other."""
     return {

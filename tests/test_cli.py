@@ -194,6 +194,12 @@ def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
     assert main(["tune-lm", manifest, "--model", str(model), *room]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header == "1 utterances, 320 ms chunks, in a room of RT60 0.3 s, DRR 10 dB"
+    rows = [json.loads(line) for line in (corpus / "train.jsonl").read_text().splitlines()]
+    rows[1]["voice"] = "flite:awb"  # an evaluation voice: never tuned on
+    (corpus / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["tune-lm", str(corpus / "eval.jsonl"), "--model", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert "u1 is spoken by flite:awb, a voice reserved" in err and len(err.splitlines()) == 1
 
 
 def test_lm_command_reads_multi30k_text_as_the_corpus_manifest(capsys, tmp_path, corpus_and_model):

@@ -197,3 +197,38 @@ def test_a_drawn_kokoro_speaker_is_seeded_and_outside_the_five():
     # farther from the five's mean than any of them, and not one of them
     assert np.linalg.norm(drawn - mean) > max(np.linalg.norm(s - mean) for s in five)
     assert not np.allclose(drawn, kokoro.style("drawn-8"))
+
+
+def test_the_rebuild_script_names_valid_commands_and_no_reserved_voice():
+    """data/build.sh --print: every command parses, and no voice it names is reserved."""
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from streamasr.cli import build_parser
+
+    script = Path(__file__).parents[1] / "data" / "build.sh"
+    names = subprocess.run(["bash", script, "--list"], capture_output=True, text=True, check=True)
+    printed = subprocess.run(
+        ["bash", script, "--print", *names.stdout.split()],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    commands = [shlex.split(line)[1:] for line in printed.stdout.splitlines()]
+    assert len(commands) == len(names.stdout.split()) + 2  # tune-voc and tune-mlsa make two each
+    outs, train_voices, tune_voices = [], [], []
+    for argv in commands:
+        args = build_parser().parse_args(argv)
+        outs.append(str(args.out))
+        if getattr(args, "voices", None):  # data vocode names manifests
+            voices = [Voice.parse(v) for v in args.voices.split(",")]
+            (train_voices if args.splits == "train" else tune_voices).extend(voices)
+    assert len(set(outs)) == len(outs) - 1  # data/corpus: val and test, then train
+    assert not any(v.is_reserved for v in train_voices + tune_voices)
+    drawn = [v.name.split("@")[0] for v in train_voices if v.name.startswith("drawn-")]
+    tune_drawn = {v.name for v in tune_voices if v.name.startswith("drawn-")}
+    assert len(drawn) == len(set(drawn)) == 200 and len(tune_drawn) == 10
+    assert not tune_drawn & set(drawn)  # the tuning set's drawn speakers are unheard
+    bad = subprocess.run(["bash", script, "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown name 'nope'" in bad.stderr
