@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import soundfile as sf
 
-from streamasr.cli import main
+from streamasr.cli import build_parser, main
 from streamasr.voices import Voice, default_train_pool
 
 needs_tts = pytest.mark.skipif(
@@ -201,12 +204,6 @@ def test_a_drawn_kokoro_speaker_is_seeded_and_outside_the_five():
 
 def test_the_rebuild_script_names_valid_commands_and_no_reserved_voice():
     """data/build.sh --print: every command parses, and no voice it names is reserved."""
-    import shlex
-    import subprocess
-    from pathlib import Path
-
-    from streamasr.cli import build_parser
-
     script = Path(__file__).parents[1] / "data" / "build.sh"
     names = subprocess.run(["bash", script, "--list"], capture_output=True, text=True, check=True)
     printed = subprocess.run(
