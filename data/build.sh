@@ -22,11 +22,10 @@ KOKORO5=(jf_alpha jf_gongitsune jf_nezumi jf_tebukuro jm_kumo)
 DRAWN_ACCENTS=(en-us en-gb en-gb-scotland en-gb-x-gbclan en-gb-x-rp)
 
 voices() {  # SPEAKERS... -- ACCENTS...: every speaker in every accent, kokoro:S@A,...
-    local speakers=() accents=() accent speaker out=""
+    local speakers=() accent speaker out=""
     while [[ $1 != -- ]]; do speakers+=("$1"); shift; done
     shift
-    accents=("$@")
-    for accent in "${accents[@]}"; do
+    for accent in "$@"; do
         for speaker in "${speakers[@]}"; do out+="kokoro:$speaker${accent:+@$accent},"; done
     done
     echo "${out%,}"
@@ -96,28 +95,23 @@ build_kdrawn3() {
 ALL=(eval tune tune-kaccent tune-kdrawn tune-voc train joe kaccent kokoro world kdrawn kdrawn2
     kdrawn3)
 
-if [[ ${1:-} == --print ]]; then
-    shift
-    BUILD=(echo "${BUILD[@]}")
-    VOCODE=(echo "${VOCODE[@]}")
-    [[ $# -gt 0 ]] || set -- "${ALL[@]}"
-    for name in "$@"; do "build_${name//-/_}"; done
-    exit 0
-fi
-if [[ ${1:-} == --list ]]; then
-    printf '%s\n' "${ALL[@]}" tune-mlsa
-    exit 0
-fi
-[[ $# -gt 0 ]] && wanted=("$@") || wanted=("${ALL[@]}")
-for name in "${wanted[@]}"; do
-    fn=build_${name//-/_}
-    if ! declare -F "$fn" >/dev/null; then
+case ${1:-} in
+    --list) printf '%s\n' "${ALL[@]}" tune-mlsa; exit 0 ;;
+    --print) shift; BUILD=(echo "${BUILD[@]}"); VOCODE=(echo "${VOCODE[@]}"); print=1 ;;
+esac
+[[ $# -gt 0 ]] || set -- "${ALL[@]}"
+for name; do
+    if ! declare -F "build_${name//-/_}" >/dev/null; then
         echo "data/build.sh: unknown name '$name' (bash data/build.sh --list)" >&2
         exit 2
     fi
 done
+if [[ -n ${print:-} ]]; then
+    for name; do "build_${name//-/_}"; done
+    exit 0
+fi
 mkdir -p runs/build
-for name in "${wanted[@]}"; do
+for name; do
     start=$(date +%s)
     echo "$(date -u +%H:%M:%S) $name ..."
     "build_${name//-/_}" >"runs/build/$name.log" 2>&1 || {
