@@ -7,7 +7,7 @@ APT_PACKAGES := espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k fest
 # torch is pinned first so that pip never pulls a multi-GB CUDA build through a version range.
 TORCH := torch==2.14.1 torchaudio==2.11.1
 
-.PHONY: demo test setup system lint clean-venv
+.PHONY: demo test setup system lint clean-venv results
 
 demo: setup
 	$(PY) -m streamasr.demo
@@ -37,3 +37,48 @@ $(VENV)/.installed: pyproject.toml
 
 clean-venv:
 	rm -rf $(VENV)
+
+# `make results -j 2`: every results/ folder measured again with MODEL, two evaluations at a time on
+# one thread each, longest first, then the README's Results tables. A folder whose summary.json is
+# newer than the weights is kept, so an interrupted run resumes; `make -B results -j 2` measures
+# them all. RESULTS=runs/x MODEL=runs/m writes a candidate's folders and leaves the README alone.
+# Logs: runs/results-logs/. The test audio comes from `bash data/build.sh eval`.
+MODEL := models/base
+RESULTS := results
+TEST := data/corpus/test_2016_flickr.jsonl
+REALDEV := ../shared/data/real-dev/manifest.jsonl
+RESULT_FOLDERS := eval320 eval320-speech eval160 eval640 eval320-silence eval160-speech \
+	eval640-speech eval160-silence eval640-silence eval320-room1 eval320-room2 eval320-greedy \
+	eval320-greedy-speech eval-realdev
+README_FOLDERS := eval320 eval160 eval640 eval320-speech eval320-silence eval320-room1 eval320-room2
+# each folder's evaluation: all 1,000 test utterances at the three chunk sizes, 400 for the rest
+ARGS_eval320 := $(TEST) --wait-k 1,3,5,inf --chunk-ms 320
+ARGS_eval160 := $(TEST) --wait-k 3,inf --chunk-ms 160
+ARGS_eval640 := $(TEST) --wait-k 3,inf --chunk-ms 640
+ARGS_eval320-speech := $(TEST) --wait-k 1,3,5,inf --chunk-ms 320 --translate-from speech
+ARGS_eval160-speech := $(TEST) --wait-k 3,inf --chunk-ms 160 --limit 400 --translate-from speech
+ARGS_eval640-speech := $(TEST) --wait-k 3,inf --chunk-ms 640 --limit 400 --translate-from speech
+ARGS_eval320-greedy := $(TEST) --wait-k 3,inf --limit 400 --decoder greedy
+ARGS_eval320-greedy-speech := $(ARGS_eval320-greedy) --translate-from speech
+ARGS_eval320-silence := $(TEST) --wait-k 3 --chunk-ms 320 --lead-silence-ms 1000
+ARGS_eval160-silence := $(TEST) --wait-k 3 --chunk-ms 160 --limit 400 --lead-silence-ms 1000
+ARGS_eval640-silence := $(TEST) --wait-k 3 --chunk-ms 640 --limit 400 --lead-silence-ms 1000
+ARGS_eval320-room1 := $(TEST) --wait-k 3 --limit 400 --room 0.3,10
+ARGS_eval320-room2 := $(TEST) --wait-k 3 --limit 400 --room 0.6,3
+ARGS_eval-realdev := $(REALDEV) --wait-k 3
+
+results: $(RESULT_FOLDERS:%=$(RESULTS)/%/summary.json)
+ifeq ($(RESULTS),results)
+	$(VENV)/bin/streamasr results $(README_FOLDERS:%=results/%) --readme README.md
+endif
+
+LOG = runs/results-logs/$(subst /,_,$(RESULTS))_$*.log
+$(RESULTS)/%/summary.json: $(MODEL)/model.safetensors | setup $(TEST)
+	@mkdir -p runs/results-logs
+	@echo "$$(date -u +%T) $(RESULTS)/$*: streamasr eval $(ARGS_$*)"
+	@OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/streamasr eval $(ARGS_$*) --model $(MODEL) \
+		--out $(RESULTS)/$* > $(LOG) 2>&1 || { echo "$(RESULTS)/$* failed: see $(LOG)"; exit 1; }
+	@echo "$$(date -u +%T) $(RESULTS)/$* done"
+
+$(TEST): | setup
+	bash data/build.sh eval

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
 
 import jiwer
 import numpy as np
 import pytest
 import soundfile as sf
 
-from streamasr.cli import main
+from streamasr.cli import build_parser, main
 from streamasr.evaluate import paired_wer_bootstrap
 from streamasr.manifest import read_manifest
 from streamasr.metrics import average_lagging, length_adaptive_average_lagging
@@ -318,3 +322,40 @@ def test_compare_refuses_folders_of_other_utterances(tmp_path, capsys):
     assert "did not read the same utterances" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "none")]) == 2
     assert "no instances.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_results_has_the_command_of_every_committed_results_folder(tmp_path):
+    """`make results` names one `streamasr eval` per results/ folder, and each committed summary
+    was written by its folder's command: chunk, wait-k list, source, search kind, silence, room,
+    utterance count."""
+    root = Path(__file__).parents[1]
+    dry_run = subprocess.run(
+        ["make", "-n", "-B", "results", f"RESULTS={tmp_path}"],
+        cwd=root, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = dry_run.stdout.replace("\\\n", " ").splitlines()
+    commands = [
+        shlex.split(line.split(" > ")[0]) for line in lines if "bin/streamasr eval " in line
+    ]
+    evals = [build_parser().parse_args(argv[argv.index("eval") :]) for argv in commands]
+    assert {args.out.parent for args in evals} == {tmp_path}
+    committed = sorted(p.parent.name for p in (root / "results").glob("*/summary.json"))
+    assert sorted(args.out.name for args in evals) == committed
+    counts = {}
+    for args in evals:
+        folder = root / "results" / args.out.name
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["chunk_ms"] == args.chunk_ms
+        assert [run["wait_k"] for run in summary["runs"]] == [k or "inf" for k in args.wait_k]
+        assert summary["translate_from"] == (args.translate_from or "transcript")
+        assert (summary["decoder"] == "greedy") == (args.decoder == "greedy")
+        assert summary["lead_silence_ms"] == args.lead_silence_ms
+        room = summary["room"] and (summary["room"]["rt60_s"], summary["room"]["drr_db"])
+        assert room == args.room
+        rows = (folder / "instances.jsonl").read_text().splitlines()
+        counts.setdefault(args.manifest, set()).add((args.limit, len(rows) // len(args.wait_k)))
+    for manifest, pairs in counts.items():  # a limit is met; without one, the whole manifest
+        whole = {n for limit, n in pairs if limit is None}
+        assert len(whole) <= 1, manifest
+        assert all(n == limit < min(whole, default=limit + 1) for limit, n in pairs if limit)
