@@ -692,6 +692,12 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
             run_stream(session, source, on_events)
             bar.close()
+            if session.nonfinite_samples:
+                print(
+                    f"streamasr: warning: {path}: {session.nonfinite_samples} samples were NaN or"
+                    " infinite, read as silence",
+                    file=sys.stderr,
+                )
             writer.end_stream(str(path), session.segments)
             if out is not None and out is not single:
                 out.close()
@@ -731,7 +737,8 @@ def cmd_live(args: argparse.Namespace) -> int:
     except (OSError, DeviceError) as err:
         raise UsageError(f"audio input: {err}") from None
     print(
-        f"dropped pieces: {source.dropped_pieces}, device overflows: {source.device_overflows}",
+        f"dropped pieces: {source.dropped_pieces}, device overflows: {source.device_overflows},"
+        f" non-finite samples: {session.nonfinite_samples}",
         file=sys.stderr,
     )
     return 0

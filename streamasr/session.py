@@ -233,6 +233,7 @@ class Session:
         self.en_words = WordAssembler(bundle.en)
         self.de_words = WordAssembler(bundle.de)
         self.samples_in = 0
+        self.nonfinite_samples = 0  # NaN or infinity read as silence: one would poison the state
         self.feature_frames_used = 0
         self.transcript_words: list[WordTiming] = []
         self.translation_words: list[WordTiming] = []
@@ -248,13 +249,19 @@ class Session:
 
     @torch.inference_mode()
     def accept(self, samples: np.ndarray) -> list[Event]:
-        """Feed a piece of audio (any length); returns the events it caused."""
+        """Feed a piece of audio (any length); returns the events it caused. Samples that are
+        not finite are read as silence and counted in `nonfinite_samples`."""
         if self.finished:
             raise RuntimeError("accept() after finish(): start a new Session")
+        samples = np.asarray(samples, dtype=np.float32)
+        bad = ~np.isfinite(samples)
+        if bad.any():  # a NaN in the carried caches would silence the rest of the stream
+            self.nonfinite_samples += int(bad.sum())
+            samples = np.where(bad, np.float32(0), samples)
         self.samples_in += len(samples)
         self.clock.audio_arrived(self.audio_ms)
         frames, self.feature_state = self.features.step(
-            torch.from_numpy(np.asarray(samples, dtype=np.float32)), self.feature_state
+            torch.from_numpy(samples), self.feature_state
         )
         self.pending_feats = torch.cat([self.pending_feats, frames])
         events: list[Event] = []

@@ -256,3 +256,13 @@ def test_lm_opens_its_vocabulary_with_common_english_words(capsys, corpus_and_mo
     monkeypatch.setitem(sys.modules, "wordfreq", None)  # not installed
     assert main(["lm", "--corpus", str(corpus), "--model", str(model)]) == 2
     assert "pip install 'streamasr[lm]'" in capsys.readouterr().err
+
+
+def test_nonfinite_samples_are_reported_not_fatal(capsys, tmp_path, tone, tiny_bundle_dir):
+    path = tmp_path / "glitch.wav"
+    audio = np.concatenate([tone, tone])
+    audio[len(tone)] = np.nan
+    sf.write(path, audio, 16000, subtype="FLOAT")
+    code, out, err = transcribe(capsys, path, "--model", tiny_bundle_dir)
+    assert code == 0
+    assert f"{path}: 1 samples were NaN or infinite, read as silence" in err

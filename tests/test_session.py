@@ -245,3 +245,17 @@ def test_pause_lookback_keeps_the_sound_heard_before_the_first_token(
     assert len(during) >= 3
     for done, keep in during:
         assert keep == (lookback if sound_margin_db is None else lookback + done - 32)
+
+
+def test_nonfinite_samples_are_read_as_silence_and_counted(tiny_bundle, tone):
+    """One NaN or infinity would poison the carried caches and silence the rest of the stream."""
+    audio = np.concatenate([tone, np.zeros(8000, np.float32), tone])
+    bad_at = [100, len(tone) + 4000, len(audio) - 100]
+    poisoned, zeroed = audio.copy(), audio.copy()
+    poisoned[bad_at] = [np.nan, np.inf, -np.inf]
+    zeroed[bad_at] = 0
+    session, events = run(tiny_bundle, poisoned, 1600, wait_k=2)
+    assert session.nonfinite_samples == 3
+    assert texts(events) == texts(run(tiny_bundle, zeroed, 1600, wait_k=2)[1])
+    assert any(e.type == "transcript" and e.text for e in events)
+    assert np.isnan(poisoned[100])  # the caller's audio is left as it was
