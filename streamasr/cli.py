@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -1164,6 +1165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("streamasr: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader left (`| head`): stop quietly, as the Python docs do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as err:  # a path given cannot be read or written: missing folder, permissions
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"streamasr: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -266,3 +267,22 @@ def test_nonfinite_samples_are_reported_not_fatal(capsys, tmp_path, tone, tiny_b
     code, out, err = transcribe(capsys, path, "--model", tiny_bundle_dir)
     assert code == 0
     assert f"{path}: 1 samples were NaN or infinite, read as silence" in err
+
+
+def test_an_unwritable_output_is_one_line(capsys, wav, tmp_path, tiny_bundle_dir):
+    missing = tmp_path / "no" / "such" / "folder" / "out.txt"
+    code, _, err = transcribe(capsys, wav, "--model", tiny_bundle_dir, "-o", missing)
+    assert code == 2
+    assert err.strip() == f"streamasr: error: {missing}: No such file or directory"
+
+
+def test_a_closed_pipe_ends_quietly(monkeypatch, capsys, wav, tiny_bundle_dir):
+    """`streamasr transcribe ... | head -1`: the reader leaves; no traceback, no more writes."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed = open(write_end, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", closed)
+    code = main(["transcribe", str(wav), "--model", str(tiny_bundle_dir), "--format", "jsonl"])
+    assert code == 1
+    assert capsys.readouterr().err == ""
+    closed.close()
