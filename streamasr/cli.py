@@ -796,14 +796,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from .bundle import DEFAULT_MODEL_DIR
     from .evaluate import COLUMNS, Playback, evaluate, table_rows, write_outputs
-    from .manifest import read_manifest
+    from .manifest import read_audio_manifest
 
-    utterances = read_manifest(args.manifest, args.limit)
-    if not utterances:
-        raise UsageError(f"{args.manifest}: no utterances")
-    missing = [u.audio for u in utterances if not u.audio.is_file()]
-    if missing:
-        raise UsageError(f"{args.manifest}: {len(missing)} audio files missing, first {missing[0]}")
+    utterances = read_audio_manifest(args.manifest, args.limit)
     bundle, options = _load_model(args)
     playback = Playback(args.lead_silence_ms, args.room)
     runs, instances = evaluate(bundle, utterances, args.wait_k, options, playback)
@@ -933,10 +928,10 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
     from .bundle import load_bundle
     from .decoding import BeamOptions
     from .evaluate import Playback, tune_beam
-    from .manifest import read_manifest
+    from .manifest import read_audio_manifest
     from .voices import names_reserved_voice
 
-    utterances = [u for u in read_manifest(args.manifest, args.limit) if u.text]
+    utterances = [u for u in read_audio_manifest(args.manifest, args.limit) if u.text]
     if not utterances:
         raise UsageError(f"{args.manifest}: no utterances with text")
     reserved = next((u for u in utterances if names_reserved_voice(u.voice)), None)
@@ -995,7 +990,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench_stream
-    from .manifest import read_manifest
+    from .manifest import read_audio_manifest
 
     try:
         lengths = [float(m) for m in args.minutes.split(",")]
@@ -1003,7 +998,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--minutes: expected numbers such as 2,30, got {args.minutes!r}"
         ) from None
-    utterances = read_manifest(args.manifest, limit=200)
+    utterances = read_audio_manifest(args.manifest, limit=200)
     bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
     print(
         "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB"

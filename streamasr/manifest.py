@@ -50,3 +50,15 @@ def read_manifest(path: str | Path, limit: int | None = None) -> list[Utterance]
             if limit is not None and len(rows) >= limit:
                 break
     return rows
+
+
+def read_audio_manifest(path: str | Path, limit: int | None = None) -> list[Utterance]:
+    """`read_manifest` for the commands that play the audio: at least one utterance, and every
+    audio file present before any work starts."""
+    rows = read_manifest(path, limit)
+    if not rows:
+        raise ManifestError(f"{path}: no utterances")
+    missing = [u.audio for u in rows if not u.audio.is_file()]
+    if missing:
+        raise ManifestError(f"{path}: {len(missing)} audio files missing, first {missing[0]}")
+    return rows

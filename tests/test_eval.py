@@ -169,6 +169,21 @@ def test_bad_manifest_is_one_line(tmp_path, capsys, tiny_bundle_dir):
     assert "expected a JSON object" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["eval", "bench", "tune-lm"])
+@pytest.mark.parametrize(
+    "rows, message",
+    [("", "no utterances"), ('{"id": "a", "audio": "gone.wav"}\n', "1 audio files missing")],
+)
+def test_manifests_without_playable_audio_are_one_line(
+    tmp_path, capsys, tiny_bundle_dir, command, rows, message
+):
+    (tmp_path / "m.jsonl").write_text(rows)
+    assert main([command, str(tmp_path / "m.jsonl"), "--model", str(tiny_bundle_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"streamasr: error: {tmp_path / 'm.jsonl'}: {message}")
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_manifest_voices_are_names(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"id": "a", "audio": "a.wav", "voice": 3}\n{"id": "b", "audio": "b.wav"}\n')
