@@ -123,17 +123,24 @@ def list_input_devices() -> list[str]:
 
 
 class MicSource(Source):
-    """A sounddevice input stream; its callback only copies into the bounded queue."""
+    """A sounddevice input stream; its callback only copies into the bounded queue. A device
+    that is not there is a DeviceError at construction, before any view or session starts."""
 
     def __init__(
         self, device: str | int | None = None, block_ms: float = 100, queue_pieces: int = 200
     ):
+        import sounddevice as sd
+
         super().__init__(queue_pieces)
         self.device = int(device) if isinstance(device, str) and device.isdigit() else device
         self.block_ms = block_ms
         self.name = f"mic:{device if device is not None else 'default'}"
         self.stream = None
         self.rate = SAMPLE_RATE
+        try:
+            self.info = sd.query_devices(self.device, kind="input")
+        except (ValueError, sd.PortAudioError) as err:
+            raise DeviceError(f"no usable input device {self.device!r}: {err}") from None
 
     def _callback(self, indata, frames, time_info, status) -> None:
         if status.input_overflow:
@@ -143,10 +150,7 @@ class MicSource(Source):
     def start(self) -> None:
         import sounddevice as sd
 
-        try:
-            info = sd.query_devices(self.device, kind="input")
-        except (ValueError, sd.PortAudioError) as err:
-            raise DeviceError(f"no usable input device {self.device!r}: {err}") from None
+        info = self.info
         for rate in (SAMPLE_RATE, int(info["default_samplerate"])):
             try:
                 self.stream = sd.InputStream(

@@ -286,3 +286,11 @@ def test_a_closed_pipe_ends_quietly(monkeypatch, capsys, wav, tiny_bundle_dir):
     assert code == 1
     assert capsys.readouterr().err == ""
     closed.close()
+
+
+def test_a_missing_input_device_is_one_line_before_the_live_view(capsys, tiny_bundle_dir):
+    assert main(["live", "--device", "99", "--model", str(tiny_bundle_dir)]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""  # the live view never drew
+    assert out.err.startswith("streamasr: error: audio input: no usable input device 99")
+    assert len(out.err.strip().splitlines()) == 1
