@@ -589,7 +589,13 @@ def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
     from .outputs import FORMATS
 
     tr = sub.add_parser("transcribe", help="transcribe (and translate) audio files as live streams")
-    tr.add_argument("audio", nargs="+", type=Path, help="wav/flac/ogg files, any rate and channels")
+    tr.add_argument(
+        "audio",
+        nargs="+",
+        type=Path,
+        help="wav/flac/ogg files, any rate and channels; - reads raw 16 kHz mono 16-bit"
+        " little-endian PCM from standard input as it arrives",
+    )
     _add_session_options(tr)
     tr.add_argument(
         "--clock",
@@ -641,6 +647,20 @@ def _load_model(args: argparse.Namespace, **options):
     )
 
 
+def _open_source(path: Path, clock: str):
+    """A file streamed as if live, or `-`: raw PCM piped into standard input."""
+    from .sources import FileSource, PipeSource
+
+    if str(path) != "-":
+        return FileSource(path, pace=clock == "wall")
+    if sys.stdin.isatty():
+        raise UsageError(
+            "-: standard input is a terminal; pipe raw 16 kHz mono 16-bit little-endian PCM"
+            " into it, e.g. ffmpeg -i talk.mp3 -f s16le -ac 1 -ar 16000 - | streamasr transcribe -"
+        )
+    return PipeSource(sys.stdin.buffer)
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -648,13 +668,14 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from .outputs import make_writer
     from .runner import run_stream
     from .session import Session
-    from .sources import FileSource
 
     subtitles = args.format in ("srt", "vtt")
     if subtitles and len(args.audio) > 1 and args.output is not None and args.output.suffix:
         raise UsageError(
             f"--format {args.format} of several files writes one file each: -o must be a folder"
         )
+    if [str(path) for path in args.audio].count("-") > 1:
+        raise UsageError("-: standard input can be read once")
     bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
     failures = 0
     single = (
@@ -665,7 +686,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     try:
         for path in args.audio:
             try:
-                source = FileSource(path, pace=args.clock == "wall")
+                source = _open_source(path, args.clock)
             except AudioError as err:
                 print(f"streamasr: error: {err}", file=sys.stderr)
                 failures += 1
@@ -673,17 +694,19 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             out = single
             if out is None and args.output is not None:
                 args.output.mkdir(parents=True, exist_ok=True)
-                out = open(args.output / f"{path.stem}.{args.format}", "w", encoding="utf-8")
+                name = f"{Path(source.name).stem}.{args.format}"
+                out = open(args.output / name, "w", encoding="utf-8")
             writer = make_writer(
                 args.format, out or sys.stdout, args.translate, show_stream=len(args.audio) > 1
             )
-            session = Session(bundle, options, stream=str(path), clock=args.clock)
+            session = Session(bundle, options, stream=source.name, clock=args.clock)
+            duration_ms = source.duration_ms or 0  # None from a pipe: no progress bar
             bar = tqdm(
-                total=round(source.duration_ms / 1000, 1),
+                total=round(duration_ms / 1000, 1),
                 unit="s",
-                desc=path.name,
+                desc=Path(source.name).name,
                 leave=False,
-                disable=source.duration_ms < 60_000 or None,
+                disable=duration_ms < 60_000 or None,
             )
 
             def on_events(events, bar=bar, session=session, writer=writer):
@@ -693,19 +716,30 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
             run_stream(session, source, on_events)
             bar.close()
-            if session.nonfinite_samples:
-                print(
-                    f"streamasr: warning: {path}: {session.nonfinite_samples} samples were NaN or"
-                    " infinite, read as silence",
-                    file=sys.stderr,
-                )
-            writer.end_stream(str(path), session.segments)
+            _warn_about_input(source, session)
+            writer.end_stream(source.name, session.segments)
             if out is not None and out is not single:
                 out.close()
     finally:
         if single is not None:
             single.close()
     return 1 if failures else 0
+
+
+def _warn_about_input(source, session) -> None:
+    """What of a stream's input was not audio: counted, said once at its end."""
+    if session.nonfinite_samples:
+        print(
+            f"streamasr: warning: {source.name}: {session.nonfinite_samples} samples were NaN or"
+            " infinite, read as silence",
+            file=sys.stderr,
+        )
+    if getattr(source, "odd_bytes", 0):
+        print(
+            f"streamasr: warning: {source.name}: the stream ended mid-sample; its last byte was"
+            " not audio",
+            file=sys.stderr,
+        )
 
 
 def cmd_live(args: argparse.Namespace) -> int:

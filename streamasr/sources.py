@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -28,6 +29,7 @@ class Source:
     """Base: a bounded queue between a producer thread and the session thread."""
 
     name = "source"
+    duration_ms: float | None = None  # known in advance for files only
 
     def __init__(self, queue_pieces: int = 200):
         self.queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=queue_pieces)
@@ -108,6 +110,32 @@ class FileSource(Source):
         piece = self.audio[self._position : self._position + self.piece_samples]
         self._position += self.piece_samples
         return piece
+
+
+class PipeSource(Source):
+    """Raw 16 kHz mono signed 16-bit little-endian PCM from a pipe (`transcribe -`), read in the
+    session's thread as it arrives: nothing is dropped, and a reader slower than the writer holds
+    the writer back through the pipe instead."""
+
+    def __init__(self, stream: BinaryIO, name: str = "stdin", piece_ms: float = 100):
+        super().__init__()
+        self.name = name
+        self.stream = stream
+        self.piece_bytes = 2 * max(1, ms_to_samples(piece_ms))
+        self.odd_bytes = 0  # a last byte that was half a sample (the stream ended mid-sample)
+        self._carry = b""
+
+    def start(self) -> None:
+        pass
+
+    def read(self, timeout: float = 0.5) -> np.ndarray | None:
+        data = self._carry + self.stream.read(self.piece_bytes)  # blocks until a piece or EOF
+        whole = len(data) // 2 * 2
+        self._carry = data[whole:]
+        if not whole:
+            self.odd_bytes = len(self._carry)
+            return None
+        return np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
 
 
 def list_input_devices() -> list[str]:

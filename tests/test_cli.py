@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -294,3 +295,50 @@ def test_a_missing_input_device_is_one_line_before_the_live_view(capsys, tiny_bu
     assert out.out == ""  # the live view never drew
     assert out.err.startswith("streamasr: error: audio input: no usable input device 99")
     assert len(out.err.strip().splitlines()) == 1
+
+
+class _Stdin:
+    """Standard input as a pipe (`isatty` false) holding `data`, or a terminal."""
+
+    def __init__(self, data: bytes = b"", tty: bool = False):
+        self.buffer, self.tty = io.BytesIO(data), tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_pcm_piped_into_stdin_streams_like_the_same_audio_in_a_file(
+    monkeypatch, capsys, tmp_path, tone, tiny_bundle_dir
+):
+    audio = np.concatenate([tone, np.zeros(8000, np.float32), tone])
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+    sf.write(tmp_path / "same.wav", pcm, 16000, subtype="PCM_16")
+    args = ["--model", tiny_bundle_dir, "--translate", "--format", "jsonl"]
+    _, from_file, _ = transcribe(capsys, tmp_path / "same.wav", *args)
+    monkeypatch.setattr(sys, "stdin", _Stdin(pcm.tobytes() + b"\x01"))  # and half a sample
+    code, from_pipe, err = transcribe(capsys, "-", *args)
+    assert code == 0
+    events = [json.loads(line) for line in from_pipe.splitlines()]
+    assert {e["stream"] for e in events} == {"stdin"}
+
+    def timed_words(output):  # elapsed_ms holds measured compute time, which varies
+        return [(e["segment"], e["type"], e["text"], e["final"], e["delay_ms"]) for e in output]
+
+    file_events = [json.loads(line) for line in from_file.splitlines()]
+    assert timed_words(events) == timed_words(file_events)
+    assert any(e["text"] for e in events)
+    assert "stdin: the stream ended mid-sample" in err
+
+
+@pytest.mark.parametrize(
+    "audio, stdin, message",
+    [
+        (["-"], _Stdin(tty=True), "-: standard input is a terminal; pipe raw 16 kHz mono"),
+        (["-", "-"], _Stdin(), "-: standard input can be read once"),
+    ],
+)
+def test_stdin_misuse_is_one_line(monkeypatch, capsys, tiny_bundle_dir, audio, stdin, message):
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code, out, err = transcribe(capsys, *audio, "--model", tiny_bundle_dir)
+    assert code == 2 and out == ""
+    assert err.startswith(f"streamasr: error: {message}") and len(err.splitlines()) == 1
