@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -609,6 +610,7 @@ def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
     tr.add_argument(
         "-o", "--output", type=Path, help="output file (a folder for srt/vtt of several files)"
     )
+    _add_serve_option(tr)
     tr.set_defaults(func=cmd_transcribe)
 
     live = sub.add_parser("live", help="live captions from a microphone")
@@ -622,6 +624,7 @@ def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
         help="text: a live terminal view; jsonl: events on stdout",
     )
     live.add_argument("--list-devices", action="store_true", help="list input devices and exit")
+    _add_serve_option(live)
     live.set_defaults(func=cmd_live)
 
 
@@ -683,7 +686,10 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         if args.output and not (subtitles and len(args.audio) > 1)
         else None
     )
-    try:
+    with contextlib.ExitStack() as closing:
+        if single is not None:
+            closing.enter_context(single)
+        web = closing.enter_context(_caption_server(args.serve))
         for path in args.audio:
             try:
                 source = _open_source(path, args.clock)
@@ -709,8 +715,10 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                 disable=duration_ms < 60_000 or None,
             )
 
-            def on_events(events, bar=bar, session=session, writer=writer):
-                writer.events(events)
+            write = _also_publish(writer.events, web)
+
+            def on_events(events, bar=bar, session=session, write=write):
+                write(events)
                 bar.n = round(session.audio_ms / 1000, 1)
                 bar.refresh()
 
@@ -720,9 +728,6 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             writer.end_stream(source.name, session.segments)
             if out is not None and out is not single:
                 out.close()
-    finally:
-        if single is not None:
-            single.close()
     return 1 if failures else 0
 
 
@@ -758,25 +763,77 @@ def cmd_live(args: argparse.Namespace) -> int:
             return 0
         bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
         source = MicSource(args.device)
-        session = Session(bundle, options, stream=source.name, clock="wall")
-        stop = lambda *_: source.stop()  # noqa: E731 - Ctrl-C and SIGTERM end the stream cleanly
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        if args.seconds is not None:
-            threading.Timer(args.seconds, source.stop).start()
-        if args.format == "jsonl":
-            run_stream(session, source, JsonlWriter(sys.stdout).events)
-        else:
-            with LiveView(source, args.translate) as view:
-                run_stream(session, source, view.events)
     except (OSError, DeviceError) as err:
         raise UsageError(f"audio input: {err}") from None
+    session = Session(bundle, options, stream=source.name, clock="wall")
+    stop = lambda *_: source.stop()  # noqa: E731 - Ctrl-C and SIGTERM end the stream cleanly
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    with _caption_server(args.serve) as web:
+        if args.seconds is not None:
+            threading.Timer(args.seconds, source.stop).start()
+        try:
+            if args.format == "jsonl":
+                run_stream(session, source, _also_publish(JsonlWriter(sys.stdout).events, web))
+            else:
+                with LiveView(source, args.translate) as view:
+                    run_stream(session, source, _also_publish(view.events, web))
+        except (OSError, DeviceError) as err:
+            raise UsageError(f"audio input: {err}") from None
     print(
         f"dropped pieces: {source.dropped_pieces}, device overflows: {source.device_overflows},"
         f" non-finite samples: {session.nonfinite_samples}",
         file=sys.stderr,
     )
     return 0
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected [HOST:]PORT such as 8000 or 0.0.0.0:8000, got {text!r}"
+        )
+    return host or "127.0.0.1", int(port)
+
+
+def _add_serve_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--serve",
+        metavar="[HOST:]PORT",
+        type=_host_port,
+        help="also show the captions in a browser: a page and its event stream on this port,"
+        " while the command runs (HOST default 127.0.0.1; 0.0.0.0 for other machines)",
+    )
+
+
+@contextlib.contextmanager
+def _caption_server(address: tuple[str, int] | None):
+    """The browser caption server `--serve` asks for, running for the block (or None)."""
+    if address is None:
+        yield None
+        return
+    from .web import CaptionServer
+
+    try:
+        server = CaptionServer(*address)
+    except OSError as err:
+        raise UsageError(f"--serve {address[0]}:{address[1]}: {err.strerror or err}") from None
+    with server:
+        print(f"captions at {server.url}", file=sys.stderr, flush=True)
+        yield server
+
+
+def _also_publish(on_events, server):
+    """`on_events`, and each batch handed to the caption server too when there is one."""
+    if server is None:
+        return on_events
+
+    def both(events):
+        on_events(events)
+        server.publish(events)
+
+    return both
 
 
 def _wait_k_list(text: str) -> list[int | None]:
