@@ -610,7 +610,7 @@ def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
     tr.add_argument(
         "-o", "--output", type=Path, help="output file (a folder for srt/vtt of several files)"
     )
-    _add_serve_option(tr)
+    _add_caption_options(tr)
     tr.set_defaults(func=cmd_transcribe)
 
     live = sub.add_parser("live", help="live captions from a microphone")
@@ -624,7 +624,7 @@ def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
         help="text: a live terminal view; jsonl: events on stdout",
     )
     live.add_argument("--list-devices", action="store_true", help="list input devices and exit")
-    _add_serve_option(live)
+    _add_caption_options(live)
     live.set_defaults(func=cmd_live)
 
 
@@ -679,7 +679,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         )
     if [str(path) for path in args.audio].count("-") > 1:
         raise UsageError("-: standard input can be read once")
-    bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
+    bundle, options = _load_model(
+        args, translate=args.translate, wait_k=args.wait_k, partials=args.partials
+    )
     failures = 0
     single = (
         open(args.output, "w", encoding="utf-8")
@@ -761,7 +763,9 @@ def cmd_live(args: argparse.Namespace) -> int:
         if args.list_devices:
             print("\n".join(list_input_devices()) or "no input devices")
             return 0
-        bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
+        bundle, options = _load_model(
+            args, translate=args.translate, wait_k=args.wait_k, partials=args.partials
+        )
         source = MicSource(args.device)
     except (OSError, DeviceError) as err:
         raise UsageError(f"audio input: {err}") from None
@@ -797,7 +801,14 @@ def _host_port(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def _add_serve_option(parser: argparse.ArgumentParser) -> None:
+def _add_caption_options(parser: argparse.ArgumentParser) -> None:
+    """`transcribe` and `live`: tentative words, and the captions in a browser."""
+    parser.add_argument(
+        "--partials",
+        action="store_true",
+        help="also show the beam's tentative words before they are committed (jsonl: events of"
+        " type partial, each replacing the last; the live view and the browser page: dimmed)",
+    )
     parser.add_argument(
         "--serve",
         metavar="[HOST:]PORT",

@@ -162,6 +162,12 @@ class CtcBeamSearch:
         self.emitted = max(0, self.emitted - len(fixed))
         return [self.lm.words.get_entry(w) for w in new]
 
+    def tentative(self) -> list[str]:
+        """The best hypothesis's words after those `step` returned: words it may still take back
+        (partial captions), never committed ones."""
+        words = [w for w in self.decoder.get_best_hypothesis().words if w >= 0]
+        return [self.lm.words.get_entry(w) for w in words[self.emitted :]]
+
     def end(self) -> list[str]:
         """Close the segment: the rest of the best hypothesis."""
         self.decoder.decode_end()

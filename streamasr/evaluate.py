@@ -3,11 +3,13 @@
 Quality: WER (jiwer, normalized transcripts), BLEU and chrF (sacrebleu, detokenized, cased).
 Latency: SimulEval's word-level AL, LAAL, DAL, AP, StartOffset, EndOffset from `delay_ms`,
 their compute-aware twins from `elapsed_ms`, the transcript's emission delay per word
-(emitted - word end in the audio), and the real-time factor.
+(emitted - word end in the audio) and its partial-caption twin (shown from - word end), and the
+real-time factor.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -28,7 +30,7 @@ from .features import LogMel
 from .manifest import Utterance
 from .metrics import corpus_latency
 from .runner import run_stream
-from .session import Session, SessionOptions
+from .session import Event, Session, SessionOptions
 from .sources import FileSource
 from .text import normalize_transcript
 
@@ -47,6 +49,9 @@ class Instance:
     transcript_word_ms: list[float]
     compute_ms: float
     emission_delays_ms: list[float]  # per matched transcript word: emitted - word end
+    shown_word_ms: list[float]  # per transcript word: shown from, as partials (shown_ms)
+    shown_delays_ms: list[float]  # per matched transcript word: shown from - word end
+    partial_changes: int  # words the partial captions showed, then replaced or withdrew
     full_context_transcript: str  # the same model and search without chunking
     voice: str | None = None  # the manifest's speaker, if it names one
 
@@ -198,6 +203,38 @@ def emission_delays(
     return delays
 
 
+def partial_captions(events: list[Event]) -> tuple[list[float], int]:
+    """What a reader of the partial captions (a segment's committed words, then its latest
+    partial) saw. Per committed transcript word, in order: the delay_ms from which they showed it
+    in its place without a change until it was committed (its commit's, when they did not show it
+    before); and how many times they replaced or withdrew a word they showed."""
+    shown: list[float] = []
+    changes = 0
+    segment, committed, display, since = None, [], [], []  # since: when each display word came
+    for (seg, delay_ms), chunk in itertools.groupby(events, key=lambda e: (e.segment, e.delay_ms)):
+        if seg != segment:
+            segment, committed, display, since = seg, [], [], []
+        partial = None  # this chunk's tentative words, when it changed them
+        for e in chunk:
+            if e.type == "transcript":
+                for word in e.text.split():
+                    i = len(committed)
+                    shown.append(since[i] if i < len(display) and display[i] == word else delay_ms)
+                    committed.append(word)
+                partial = []  # committed words clear the partial; a partial event follows them
+            elif e.type == "partial":
+                partial = e.text.split()
+        if partial is not None:
+            new = committed + partial
+            changes += sum(1 for i, w in enumerate(display) if i >= len(new) or new[i] != w)
+            since = [
+                since[i] if i < len(display) and display[i] == w else delay_ms
+                for i, w in enumerate(new)
+            ]
+            display = new
+    return shown, changes
+
+
 def run_instance(
     bundle: Bundle,
     utt: Utterance,
@@ -208,11 +245,15 @@ def run_instance(
     """One utterance streamed through a fresh Session with `options` (translating only when the
     utterance has a reference translation)."""
     source = FileSource(utt.audio, audio=audio)
-    options = replace(options, translate=utt.translation is not None)
+    options = replace(options, translate=utt.translation is not None, partials=True)
     session = Session(bundle, options, stream=utt.id, clock="virtual")
-    run_stream(session, source, lambda events: None)
+    events: list[Event] = []
+    run_stream(session, source, events.extend)
     hyp_words = [w.text for w in session.transcript_words]
     hyp_ms = [w.delay_ms for w in session.transcript_words]
+    shown, changes = partial_captions(events)
+    # a word is shown at its commit at the latest (greedy words carry their last piece's time)
+    shown = [min(s, ms) for s, ms in zip(shown, hyp_ms, strict=True)]
     ref_words = normalize_transcript(utt.text or "").split()
     return Instance(
         id=utt.id,
@@ -227,6 +268,9 @@ def run_instance(
         transcript_word_ms=hyp_ms,
         compute_ms=sum(session.chunk_compute_ms),
         emission_delays_ms=emission_delays(hyp_words, hyp_ms, ref_words, offline.word_ends_ms),
+        shown_word_ms=shown,
+        partial_changes=changes,
+        shown_delays_ms=emission_delays(hyp_words, shown, ref_words, offline.word_ends_ms),
         full_context_transcript=offline.transcript,
         voice=utt.voice,
     )
@@ -292,19 +336,24 @@ def summarize(instances: list[Instance], wait_k: int | str) -> dict:
     )
     run.update(plain)
     run.update({f"{name}_CA": aware[name] for name in ("AL", "LAAL", "DAL")})
-    delays = [d for i in instances for d in i.emission_delays_ms]
-    run["asr_delay_ms"] = (
-        {
-            "mean": statistics.fmean(delays),
-            "p50": float(np.percentile(delays, 50)),
-            "p90": float(np.percentile(delays, 90)),
-        }
-        if delays
-        else {"mean": None, "p50": None, "p90": None}
-    )
+    run["asr_delay_ms"] = _delay_stats([d for i in instances for d in i.emission_delays_ms])
+    run["asr_partial_delay_ms"] = _delay_stats([d for i in instances for d in i.shown_delays_ms])
+    words = sum(len(i.shown_word_ms) for i in instances)
+    changes = sum(i.partial_changes for i in instances)
+    run["asr_partial_changes_per_word"] = changes / words if words else None
     audio_ms = sum(i.source_ms for i in instances)
     run["rtf"] = sum(i.compute_ms for i in instances) / audio_ms if audio_ms else None
     return run
+
+
+def _delay_stats(delays: list[float]) -> dict:
+    if not delays:
+        return {"mean": None, "p50": None, "p90": None}
+    return {
+        "mean": statistics.fmean(delays),
+        "p50": float(np.percentile(delays, 50)),
+        "p90": float(np.percentile(delays, 90)),
+    }
 
 
 def evaluate(
@@ -338,7 +387,7 @@ def instance_json(ins: Instance) -> dict:
         "id": ins.id, "wait_k": ins.wait_k, "transcript": ins.transcript, "translation": ins.translation,
         "text_ref": ins.text_ref, "translation_ref": ins.translation_ref, "source_ms": ins.source_ms,
         "delays_ms": ins.delays_ms, "elapsed_ms": [round(e, 1) for e in ins.elapsed_ms],
-        "transcript_word_ms": ins.transcript_word_ms,
+        "transcript_word_ms": ins.transcript_word_ms, "transcript_word_shown_ms": ins.shown_word_ms,
         "full_context_transcript": ins.full_context_transcript, "voice": ins.voice,
     }  # fmt: skip
 

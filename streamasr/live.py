@@ -20,6 +20,7 @@ class LiveView:
     def __init__(self, source: Source, translate: bool, max_segments: int = 8):
         self.source, self.translate, self.max_segments = source, translate, max_segments
         self.words: dict[tuple[int, str], list[str]] = defaultdict(list)
+        self.partial: dict[int, str] = {}  # tentative words after a segment's committed ones
         self.closed: dict[tuple[int, str], bool] = {}
         self.lags_ms: list[float] = []
         self.audio_ms = 0.0
@@ -35,8 +36,13 @@ class LiveView:
 
     def events(self, events: list[Event]) -> None:
         for e in events:
+            if e.type == "partial":
+                self.partial[e.segment] = e.text
+                continue
             if e.text:
                 self.words[(e.segment, e.type)].append(e.text)
+            if e.type == "transcript":
+                self.partial.pop(e.segment, None)  # a partial follows the words it extends
             if e.final:
                 self.closed[(e.segment, e.type)] = True
             self.lags_ms.append(e.elapsed_ms - e.delay_ms)
@@ -45,10 +51,16 @@ class LiveView:
 
     def _panel(self, kind: str, title: str) -> Panel:
         text = Text()
-        segments = sorted({seg for seg, k in self.words if k == kind})[-self.max_segments :]
+        shown = {seg for seg, k in self.words if k == kind}
+        if kind == "transcript":
+            shown |= {seg for seg, words in self.partial.items() if words}
+        segments = sorted(shown)[-self.max_segments :]
         for seg in segments:
             final = self.closed.get((seg, kind), False)
-            text.append(" ".join(self.words[(seg, kind)]) + "\n", style="bold" if final else "dim")
+            text.append(" ".join(self.words[(seg, kind)]), style="bold" if final else "dim")
+            if kind == "transcript" and self.partial.get(seg):
+                text.append(" " + self.partial[seg], style="dim italic")
+            text.append("\n")
         return Panel(text, title=title)
 
     def render(self) -> Group:

@@ -50,6 +50,8 @@ class TextWriter(Writer):
 
     def events(self, events: list[Event]) -> None:
         for e in events:
+            if e.type == "partial":  # a line is written once its segment is final
+                continue
             key = (e.stream, e.segment, e.type)
             if e.text:
                 self.words[key].append(e.text)

@@ -56,14 +56,16 @@ class SessionOptions:
     beam: BeamOptions | None = DEFAULT_BEAM  # transcript beam search with the model's word LM;
     # None, or a model folder without an LM: greedy CTC
     translation: TranslationSearch = DEFAULT_TRANSLATION  # token choice of the translator
+    partials: bool = False  # also emit the beam's tentative words after the committed ones as
+    # "partial" events, each replacing the segment's last (the beam search only)
 
 
 @dataclass(frozen=True)
 class Event:
     stream: str
     segment: int
-    type: Literal["transcript", "translation"]
-    text: str  # newly emitted words (a delta)
+    type: Literal["transcript", "translation", "partial"]
+    text: str  # newly emitted words (a delta); a partial: the tentative words after them
     final: bool  # closes the segment for this type
     delay_ms: float  # source audio consumed when emitted
     elapsed_ms: float  # compute-aware emission time (audio arriving in real time)
@@ -183,6 +185,7 @@ class _SegmentState:
     lead_in: torch.Tensor | None = None  # (1, T, D) frames before speech, trimmed to lead_in_ms
     transcript: list[str] = field(default_factory=list)
     translation: list[str] = field(default_factory=list)
+    partial: str = ""  # the tentative words last emitted as a partial event
 
 
 class Session:
@@ -352,7 +355,13 @@ class Session:
             words = [(word, times) for word in self.beam.step(log_probs)]
         else:
             words = []
-        return self._word_events("transcript", words, delay_ms)
+        events = self._word_events("transcript", words, delay_ms)
+        if self.options.partials and self.beam is not None and self.segment.started:
+            partial = " ".join(self.beam.tentative())
+            if partial != self.segment.partial or words:  # it follows the committed words
+                self.segment.partial = partial
+                events.append(self._event("partial", partial, False, delay_ms))
+        return events
 
     def _word_events(
         self,

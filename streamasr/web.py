@@ -30,6 +30,7 @@ PAGE = """<!doctype html>
  .seg { margin: 0 0 .6em; }
  .de { color: #fc6; }
  .open { opacity: .6; }
+ .partial { font-style: italic; opacity: .6; }
  #status { position: fixed; bottom: .4em; right: 1em; font-size: 14px; color: #888; }
 </style></head>
 <body><div id="captions"></div><div id="status">connecting</div>
@@ -40,8 +41,10 @@ function line(key, type) {
   if (!segments.has(key)) {
     const div = document.createElement("div"); div.className = "seg";
     const en = document.createElement("div"), de = document.createElement("div");
+    const words = document.createElement("span"), partial = document.createElement("span");
+    partial.className = "partial"; en.append(words, partial);
     en.className = "en open"; de.className = "de open"; div.append(en, de); captions.append(div);
-    segments.set(key, {transcript: en, translation: de, div});
+    segments.set(key, {transcript: words, partial, translation: de, en, div});
     while (segments.size > 50) { const [k, s] = segments.entries().next().value; s.div.remove(); segments.delete(k); }
   }
   return segments.get(key)[type];
@@ -49,9 +52,14 @@ function line(key, type) {
 const source = new EventSource("events");
 source.onopen = () => { captions.textContent = ""; segments.clear(); status.textContent = "live"; };
 source.onmessage = (message) => {
-  const e = JSON.parse(message.data), el = line(e.stream + "/" + e.segment, e.type);
+  const e = JSON.parse(message.data), key = e.stream + "/" + e.segment, el = line(key, e.type);
+  if (e.type === "partial") {  // the tentative words after the committed ones, replaced each time
+    el.textContent = e.text && (segments.get(key).transcript.textContent ? " " : "") + e.text;
+    return;
+  }
   if (e.text) el.textContent = (el.textContent ? el.textContent + " " : "") + e.text;
-  if (e.final) el.classList.remove("open");
+  if (e.type === "transcript") segments.get(key).partial.textContent = "";
+  if (e.final) (e.type === "transcript" ? segments.get(key).en : el).classList.remove("open");
   status.textContent = "live, " + (e.delay_ms / 1000).toFixed(1) + " s of audio";
   window.scrollTo(0, document.body.scrollHeight);
 };

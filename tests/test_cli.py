@@ -342,3 +342,32 @@ def test_stdin_misuse_is_one_line(monkeypatch, capsys, tiny_bundle_dir, audio, s
     code, out, err = transcribe(capsys, *audio, "--model", tiny_bundle_dir)
     assert code == 2 and out == ""
     assert err.startswith(f"streamasr: error: {message}") and len(err.splitlines()) == 1
+
+
+def test_text_and_live_views_show_partials_only_until_words_are_committed():
+    from rich.console import Console
+
+    from streamasr.live import LiveView
+    from streamasr.outputs import TextWriter
+    from streamasr.session import Event
+    from streamasr.sources import Source
+
+    def ev(kind, text, final=False):
+        return Event("mic", 0, kind, text, final, 0.0, 0.0)
+
+    def screen(view):
+        console = Console(file=io.StringIO(), width=60, record=True)
+        console.print(view.render())
+        return console.export_text()
+
+    view, out = LiveView(Source(), translate=False), io.StringIO()
+    writer = TextWriter(out)
+    for batch in ([ev("partial", "a man")], [ev("transcript", "a"), ev("partial", "men run")]):
+        view.events(batch)
+        writer.events(batch)
+    assert "a men run" in screen(view)
+    final = [ev("transcript", "man runs", final=True)]
+    view.events(final)
+    writer.events(final)
+    assert "a man runs" in screen(view) and "men" not in screen(view)
+    assert out.getvalue() == "a man runs\n"  # the text format writes committed words only

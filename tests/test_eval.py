@@ -14,14 +14,14 @@ import pytest
 import soundfile as sf
 
 from streamasr.cli import build_parser, main
-from streamasr.evaluate import paired_wer_bootstrap
+from streamasr.evaluate import paired_wer_bootstrap, partial_captions
 from streamasr.manifest import read_manifest
 from streamasr.metrics import average_lagging, length_adaptive_average_lagging
-from streamasr.session import SessionOptions
+from streamasr.session import Event, SessionOptions
 from streamasr.text import normalize_transcript
 
 RUN_KEYS = {"wait_k", "wer", "wer_full_context", "bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset",
-            "AL_CA", "LAAL_CA", "DAL_CA", "asr_delay_ms", "rtf"}  # fmt: skip
+            "AL_CA", "LAAL_CA", "DAL_CA", "asr_delay_ms", "asr_partial_delay_ms", "asr_partial_changes_per_word", "rtf"}  # fmt: skip
 
 
 @pytest.fixture
@@ -77,7 +77,9 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
     assert [r["wait_k"] for r in summary["runs"]] == [1, 3, "inf"]
     for run in summary["runs"]:
         assert set(run) == RUN_KEYS
-        assert set(run["asr_delay_ms"]) == {"mean", "p50", "p90"}
+        assert (
+            set(run["asr_delay_ms"]) == set(run["asr_partial_delay_ms"]) == {"mean", "p50", "p90"}
+        )
         assert run["bleu"] is not None and run["wer"] is not None and run["rtf"] > 0
     instances = [json.loads(line) for line in (out / "instances.jsonl").read_text().splitlines()]
     assert len(instances) == 6
@@ -104,6 +106,8 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
     for ins in instances:
         assert len(ins["delays_ms"]) == len(ins["elapsed_ms"]) == len(ins["translation"].split())
         assert len(ins["transcript_word_ms"]) == len(ins["transcript"].split())
+        shown, committed = ins["transcript_word_shown_ms"], ins["transcript_word_ms"]
+        assert len(shown) == len(committed) and all(s <= c for s, c in zip(shown, committed))
     assert (out / "latency_quality.png").stat().st_size > 1000
     table = capsys.readouterr().out
     assert "LAAL" in table and "inf" in table and "x: WER" in table
@@ -374,3 +378,24 @@ def test_make_results_has_the_command_of_every_committed_results_folder(tmp_path
         whole = {n for limit, n in pairs if limit is None}
         assert len(whole) <= 1, manifest
         assert all(n == limit < min(whole, default=limit + 1) for limit, n in pairs if limit)
+
+
+def test_a_word_is_shown_from_when_the_partials_put_it_in_its_place_for_good():
+    def ev(segment, kind, text, delay_ms, final=False):
+        return Event("s", segment, kind, text, final, delay_ms, delay_ms)
+
+    events = [
+        ev(0, "partial", "a men", 640),
+        ev(0, "partial", "a man walks", 960),  # "men" revised: "man" is shown from 960
+        ev(0, "transcript", "a", 1280),
+        ev(0, "partial", "man runs", 1280),  # "runs" replaces "walks"
+        ev(0, "translation", "Ein", 1600),  # no change to the display
+        ev(0, "transcript", "man runs", 1920, final=True),
+        ev(1, "transcript", "dogs", 2560),  # a new segment, no partial before: its commit
+        ev(1, "partial", "bark", 2560),
+        ev(1, "transcript", "bark", 2880, final=True),
+    ]
+    # changed: "men" (at 960), "walks" (at 1280)
+    assert partial_captions(events) == ([640, 960, 1280, 2560, 2560], 2)
+    plain = [e for e in events if e.type != "partial"]  # without partials: the commits
+    assert partial_captions(plain) == ([1280, 1920, 1920, 2560, 2880], 0)

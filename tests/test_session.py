@@ -259,3 +259,21 @@ def test_nonfinite_samples_are_read_as_silence_and_counted(tiny_bundle, tone):
     assert texts(events) == texts(run(tiny_bundle, zeroed, 1600, wait_k=2)[1])
     assert any(e.type == "transcript" and e.text for e in events)
     assert np.isnan(poisoned[100])  # the caller's audio is left as it was
+
+
+def test_partials_add_tentative_words_and_change_nothing_else(tiny_lm_bundle, tiny_bundle, tone):
+    audio = np.concatenate([tone, np.zeros(24000, np.float32), tone])
+    _, plain = run(tiny_lm_bundle, audio, 1600, wait_k=2)
+    session, events = run(tiny_lm_bundle, audio, 1600, wait_k=2, partials=True)
+    assert texts([e for e in events if e.type != "partial"]) == texts(plain)
+    partials = [e for e in events if e.type == "partial"]
+    assert any(e.text for e in partials) and not any(e.final for e in partials)
+    for seg in session.segments:  # tentative words come before their segment closes
+        last = max(i for i, e in enumerate(events) if e.segment == seg.index and e.final)
+        assert all(events.index(p) < last for p in partials if p.segment == seg.index)
+    for i, e in enumerate(events):  # words committed in a chunk: a partial follows them there
+        if e.type == "transcript" and e.text and not e.final:
+            after = events[i + 1 :]
+            assert any(p.type == "partial" and p.delay_ms == e.delay_ms for p in after)
+    _, greedy = run(tiny_bundle, audio, 1600, wait_k=2, partials=True)  # no beam: none
+    assert not any(e.type == "partial" for e in greedy)
