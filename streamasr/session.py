@@ -256,7 +256,12 @@ class Session:
         not finite are read as silence and counted in `nonfinite_samples`."""
         if self.finished:
             raise RuntimeError("accept() after finish(): start a new Session")
-        samples = np.asarray(samples, dtype=np.float32)
+        samples = np.asarray(samples)
+        if not np.issubdtype(samples.dtype, np.floating):
+            raise ValueError(
+                f"expected float samples in [-1, 1], got {samples.dtype} (16-bit PCM: / 32768)"
+            )
+        samples = samples.astype(np.float32, copy=False)
         bad = ~np.isfinite(samples)
         if bad.any():  # a NaN in the carried caches would silence the rest of the stream
             self.nonfinite_samples += int(bad.sum())

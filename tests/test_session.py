@@ -277,3 +277,10 @@ def test_partials_add_tentative_words_and_change_nothing_else(tiny_lm_bundle, ti
             assert any(p.type == "partial" and p.delay_ms == e.delay_ms for p in after)
     _, greedy = run(tiny_bundle, audio, 1600, wait_k=2, partials=True)  # no beam: none
     assert not any(e.type == "partial" for e in greedy)
+
+
+def test_integer_samples_are_refused_with_what_was_expected(tiny_bundle):
+    session = Session(tiny_bundle, SessionOptions())
+    with pytest.raises(ValueError, match=r"expected float samples in \[-1, 1\], got int16"):
+        session.accept(np.zeros(1600, np.int16))
+    assert session.audio_ms == 0  # nothing was taken in
