@@ -49,7 +49,7 @@ class Instance:
     transcript_word_ms: list[float]
     compute_ms: float
     emission_delays_ms: list[float]  # per matched transcript word: emitted - word end
-    shown_word_ms: list[float]  # per transcript word: shown from, as partials (shown_ms)
+    shown_word_ms: list[float]  # per transcript word: shown from (partial_captions)
     shown_delays_ms: list[float]  # per matched transcript word: shown from - word end
     partial_changes: int  # words the partial captions showed, then replaced or withdrew
     full_context_transcript: str  # the same model and search without chunking
