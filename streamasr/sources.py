@@ -11,12 +11,13 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, load_audio, ms_to_samples, to_mono_16k
+from .audio import SAMPLE_RATE, AudioReader, ms_to_samples, to_mono_16k
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ class Source:
 
 
 class FileSource(Source):
-    """A decoded file handed out in pieces; `pace=True` releases them in real time."""
+    """A sound file handed out in pieces, decoded a block at a time as they are needed (memory
+    does not grow with the file); `pace=True` releases them in real time."""
 
     def __init__(
         self,
@@ -72,19 +74,31 @@ class FileSource(Source):
         """`audio`, when given, is the already decoded 16 kHz signal of `path` (decoded once)."""
         super().__init__()
         self.name = str(path)
-        self.audio = load_audio(path) if audio is None else audio
+        self.audio = audio
+        self.reader = AudioReader(path) if audio is None else None  # checks the file now
         self.piece_samples = max(1, ms_to_samples(piece_ms))
         self.pace = pace
-        self._position = 0
+        self._pieces = self._split()
         self._thread: threading.Thread | None = None
 
     @property
     def duration_ms(self) -> float:
+        if self.reader is not None:
+            return self.reader.duration_ms
         return len(self.audio) * 1000 / SAMPLE_RATE
 
-    def pieces(self):
-        for start in range(0, len(self.audio), self.piece_samples):
-            yield self.audio[start : start + self.piece_samples]
+    def _split(self) -> Iterator[np.ndarray]:
+        """The signal in pieces of `piece_ms` (the last one shorter), read once."""
+        blocks = [self.audio] if self.reader is None else self.reader.blocks()
+        carry = np.zeros(0, np.float32)
+        for block in blocks:
+            carry = np.concatenate([carry, block]) if len(carry) else block
+            whole = len(carry) // self.piece_samples * self.piece_samples
+            for start in range(0, whole, self.piece_samples):
+                yield carry[start : start + self.piece_samples]
+            carry = carry[whole:]
+        if len(carry):
+            yield carry
 
     def start(self) -> None:
         if self.pace:
@@ -94,7 +108,7 @@ class FileSource(Source):
     def _paced(self) -> None:
         t0 = time.perf_counter()
         sent = 0
-        for piece in self.pieces():
+        for piece in self._pieces:
             if self.stop_event.is_set():
                 break
             sent += len(piece)
@@ -105,11 +119,7 @@ class FileSource(Source):
     def read(self, timeout: float = 0.5) -> np.ndarray | None:
         if self.pace:
             return super().read(timeout)
-        if self._position >= len(self.audio):
-            return None
-        piece = self.audio[self._position : self._position + self.piece_samples]
-        self._position += self.piece_samples
-        return piece
+        return next(self._pieces, None)
 
 
 class PipeSource(Source):

@@ -7,8 +7,9 @@ import pytest
 import soundfile as sf
 import torch
 
-from streamasr.audio import SAMPLE_RATE, AudioError, in_room, load_audio
+from streamasr.audio import SAMPLE_RATE, AudioError, AudioReader, in_room, load_audio
 from streamasr.features import FeatureConfig, LogMel, RunningStats, SoundOnset, StreamingLogMel
+from streamasr.sources import FileSource
 
 
 @pytest.mark.parametrize("cuts", [[160], [1], [37, 401, 5], [100_000]])
@@ -67,6 +68,27 @@ def test_bad_files_raise_one_line_errors(tmp_path, make, message):
     with pytest.raises(AudioError, match=message) as err:
         load_audio(path)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("rate, channels", [(16000, 1), (44100, 2), (8000, 1), (22050, 2)])
+@pytest.mark.parametrize("block_ms", [100, 1000])
+def test_a_file_read_block_by_block_is_the_whole_file(tmp_path, rate, channels, block_ms):
+    """Each block is resampled with enough of its neighbours to be the whole signal's samples:
+    exactly at 16 kHz, to float rounding otherwise; no block holds more than its share."""
+    rng = np.random.default_rng(rate)
+    signal = (0.1 * rng.standard_normal((3 * rate + 77, channels))).astype(np.float32)
+    sf.write(tmp_path / "x.wav", signal, rate, subtype="FLOAT")
+    whole = load_audio(tmp_path / "x.wav")
+    blocks = list(AudioReader(tmp_path / "x.wav", block_ms=block_ms).blocks())
+    assert max(len(b) for b in blocks) <= block_ms * SAMPLE_RATE // 1000 + 16
+    streamed = np.concatenate(blocks)
+    assert streamed.dtype == np.float32 and len(streamed) == len(whole)
+    np.testing.assert_allclose(streamed, whole, rtol=0, atol=0 if rate == SAMPLE_RATE else 1e-6)
+    source, pieces = FileSource(tmp_path / "x.wav"), []  # 100 ms pieces across the blocks
+    while (piece := source.read()) is not None:
+        pieces.append(piece)
+    assert {len(p) for p in pieces[:-1]} == {1600}
+    np.testing.assert_allclose(np.concatenate(pieces), whole, rtol=0, atol=1e-6)
 
 
 def test_a_room_adds_a_decaying_tail_of_the_set_power():
