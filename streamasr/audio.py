@@ -71,60 +71,77 @@ def load_audio(path: str | Path) -> np.ndarray:
         return to_mono_16k(samples, f.samplerate)
 
 
+class StreamResampler:
+    """A signal arriving in pieces, resampled to 16 kHz as `to_mono_16k` resamples it whole:
+    each stretch is resampled with enough of the signal on both sides (torchaudio's sinc kernel
+    reaches `width` input samples each way), so its samples are the whole signal's, `margin`
+    input samples later. At 16 kHz it hands pieces through."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        divisor = math.gcd(rate, SAMPLE_RATE)
+        self.orig, self.new = rate // divisor, SAMPLE_RATE // divisor  # samples per stride
+        width = math.ceil(6 * self.orig / (0.99 * min(self.orig, self.new)))  # resample's kernel
+        self.margin = 0 if rate == SAMPLE_RATE else self.orig * math.ceil(width / self.orig)
+        self.pending = np.zeros(0, np.float32)  # input samples from index `base` on
+        self.base = 0
+        self.done = 0  # input samples whose output was handed out (a multiple of `orig`)
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        """(T,) float32 at `rate` -> the 16 kHz samples now certain (maybe none yet)."""
+        if self.rate == SAMPLE_RATE:
+            return samples
+        self.pending = np.concatenate([self.pending, samples])
+        end = (self.base + len(self.pending) - self.margin) // self.orig * self.orig
+        return self._resample(end, final=False) if end > self.done else np.zeros(0, np.float32)
+
+    def flush(self) -> np.ndarray:
+        """The end of the signal: the rest of its 16 kHz samples."""
+        if self.rate == SAMPLE_RATE or self.base + len(self.pending) <= self.done:
+            return np.zeros(0, np.float32)
+        return self._resample(self.base + len(self.pending), final=True)
+
+    def _resample(self, end: int, final: bool) -> np.ndarray:
+        low = max(0, self.done - self.margin)
+        segment = torch.from_numpy(np.ascontiguousarray(self.pending[low - self.base :]))
+        out = AF.resample(segment, self.rate, SAMPLE_RATE).numpy()
+        first = (self.done - low) // self.orig * self.new  # the whole signal's alignment
+        last = None if final else first + (end - self.done) // self.orig * self.new
+        self.done = end
+        drop = max(0, end - self.margin) - self.base
+        self.pending, self.base = self.pending[drop:], self.base + drop
+        return out[first:last]
+
+
 class AudioReader:
-    """A sound file read block by block as 16 kHz mono float32: the samples `load_audio` gives,
-    in memory that does not grow with the file. Each block is resampled with enough of the
-    signal on both sides (torchaudio's sinc kernel is `width` input samples each way) that its
-    samples are the whole signal's; the file is opened, and checked, at construction."""
+    """A sound file read block by block as 16 kHz mono float32: the samples `load_audio` gives
+    (`StreamResampler`), in memory that does not grow with the file. The file is opened, and
+    checked, at construction."""
 
     def __init__(self, path: str | Path, block_ms: int = 10_000):
         self.path = Path(path)
         self.file = _open(self.path)
-        self.rate, self.frames = self.file.samplerate, self.file.frames
-        divisor = math.gcd(self.rate, SAMPLE_RATE)
-        self.orig, self.new = self.rate // divisor, SAMPLE_RATE // divisor  # samples per stride
-        width = math.ceil(6 * self.orig / (0.99 * min(self.orig, self.new)))  # resample's kernel
-        self.margin = 0 if self.rate == SAMPLE_RATE else self.orig * (width // self.orig + 2)
-        self.block = self.orig * max(1, round(self.rate * block_ms / 1000 / self.orig))
+        self.block_frames = max(1, self.file.samplerate * block_ms // 1000)
 
     @property
     def duration_ms(self) -> float:
-        return self.frames * 1000 / self.rate
+        return self.file.frames * 1000 / self.file.samplerate
 
-    def close(self) -> None:
-        self.file.close()
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The 16 kHz samples, a block at a time; closes the file at the end."""
+        resampler = StreamResampler(self.file.samplerate)
+        with self.file:
+            while len(block := self._read(self.block_frames)):
+                if len(out := resampler.push(block)):
+                    yield out
+            if len(tail := resampler.flush()):
+                yield tail
 
     def _read(self, frames: int) -> np.ndarray:
         try:
             return self.file.read(frames, dtype="float32", always_2d=True).mean(axis=1)
         except (sf.LibsndfileError, RuntimeError) as err:
             raise AudioError(f"{self.path}: not a readable audio file ({err})") from None
-
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The 16 kHz samples, a block at a time; closes the file at the end."""
-        pending, base = np.zeros(0, np.float32), 0  # input samples from index `base` on
-        start, total = 0, self.frames
-        with self.file:
-            while start < total:
-                end = min(total, start + self.block)
-                while base + len(pending) < min(total, end + self.margin):
-                    more = self._read(min(total, end + self.margin) - base - len(pending))
-                    if not len(more):  # shorter than its header said
-                        total = end = base + len(pending)
-                        break
-                    pending = np.concatenate([pending, more])
-                low = max(0, start - self.margin)
-                segment = pending[low - base : min(total, end + self.margin) - base]
-                if self.rate == SAMPLE_RATE:
-                    yield segment[start - low : end - low]
-                else:
-                    out = AF.resample(torch.from_numpy(segment), self.rate, SAMPLE_RATE).numpy()
-                    first = (start - low) // self.orig * self.new  # whole-signal alignment
-                    last = None if end == total else first + (end - start) // self.orig * self.new
-                    yield out[first:last]
-                start = end
-                drop = max(0, start - self.margin) - base
-                pending, base = pending[drop:], base + drop
 
 
 def in_room(samples: np.ndarray, rt60_s: float, drr_db: float, seed: str) -> np.ndarray:

@@ -15,7 +15,7 @@ from simuleval.agents import SpeechToTextAgent
 from simuleval.agents.actions import Action, ReadAction, WriteAction
 from simuleval.utils import entrypoint
 
-from streamasr.audio import SAMPLE_RATE, to_mono_16k
+from streamasr.audio import SAMPLE_RATE, StreamResampler
 from streamasr.bundle import load_bundle
 from streamasr.cli import add_translation_search_options, translation_search
 from streamasr.config import TRANSLATION_SOURCES
@@ -55,18 +55,19 @@ class StreamasrAgent(SpeechToTextAgent):
         super().reset()
         self.session = Session(self.bundle, self.options, stream="simuleval")
         self.samples_fed = 0
+        self.resampler: StreamResampler | None = None  # made once the source's rate is known
 
     def policy(self) -> Action:
         new = self.states.source[self.samples_fed :]
         self.samples_fed = len(self.states.source)
         events = []
+        if self.resampler is None:
+            self.resampler = StreamResampler(self.states.source_sample_rate or SAMPLE_RATE)
         if new:
-            samples = np.asarray(new, dtype=np.float32)
-            rate = self.states.source_sample_rate or SAMPLE_RATE
-            events += self.session.accept(
-                to_mono_16k(samples, rate) if rate != SAMPLE_RATE else samples
-            )
+            events += self.session.accept(self.resampler.push(np.asarray(new, dtype=np.float32)))
         if self.states.source_finished:
+            if len(tail := self.resampler.flush()):
+                events += self.session.accept(tail)
             events += self.session.finish()
         words = [e.text for e in events if e.type == "translation" and e.text]
         if words or self.states.source_finished:

@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, AudioReader, ms_to_samples, to_mono_16k
+from .audio import SAMPLE_RATE, AudioReader, StreamResampler, ms_to_samples
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,7 @@ class MicSource(Source):
         self.name = f"mic:{device if device is not None else 'default'}"
         self.stream = None
         self.rate = SAMPLE_RATE
+        self.resampler: StreamResampler | None = None  # when the device opens at another rate
         try:
             self.info = sd.query_devices(self.device, kind="input")
         except (ValueError, sd.PortAudioError) as err:
@@ -196,6 +197,7 @@ class MicSource(Source):
                     blocksize=int(rate * self.block_ms / 1000), callback=self._callback,
                 )  # fmt: skip
                 self.rate = rate
+                self.resampler = StreamResampler(rate) if rate != SAMPLE_RATE else None
                 break
             except sd.PortAudioError as err:
                 log.debug("input at %d Hz failed: %s", rate, err)
@@ -208,9 +210,12 @@ class MicSource(Source):
 
     def read(self, timeout: float = 0.5) -> np.ndarray | None:
         piece = super().read(timeout)
-        if piece is not None and self.rate != SAMPLE_RATE:
-            piece = to_mono_16k(piece, self.rate)
-        return piece
+        if self.resampler is None:
+            return piece
+        if piece is None:  # the end: the samples the resampler still holds, then None
+            tail, self.resampler = self.resampler.flush(), None
+            return tail if len(tail) else None
+        return self.resampler.push(piece)
 
     def stop(self) -> None:
         super().stop()

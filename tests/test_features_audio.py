@@ -7,7 +7,15 @@ import pytest
 import soundfile as sf
 import torch
 
-from streamasr.audio import SAMPLE_RATE, AudioError, AudioReader, in_room, load_audio
+from streamasr.audio import (
+    SAMPLE_RATE,
+    AudioError,
+    AudioReader,
+    StreamResampler,
+    in_room,
+    load_audio,
+    to_mono_16k,
+)
 from streamasr.features import FeatureConfig, LogMel, RunningStats, SoundOnset, StreamingLogMel
 from streamasr.sources import FileSource
 
@@ -89,6 +97,18 @@ def test_a_file_read_block_by_block_is_the_whole_file(tmp_path, rate, channels, 
         pieces.append(piece)
     assert {len(p) for p in pieces[:-1]} == {1600}
     np.testing.assert_allclose(np.concatenate(pieces), whole, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("rate", [44100, 48000, 8000, 22050, SAMPLE_RATE])
+def test_a_stream_resampled_piece_by_piece_is_the_whole_signal_resampled(rate):
+    rng = np.random.default_rng(rate)
+    signal = (0.1 * rng.standard_normal(2 * rate + 333)).astype(np.float32)
+    cuts = np.cumsum(rng.integers(1, rate // 5, size=100))
+    resampler = StreamResampler(rate)
+    out = [resampler.push(piece) for piece in np.split(signal, cuts[cuts < len(signal)])]
+    out = np.concatenate([*out, resampler.flush()])
+    np.testing.assert_allclose(out, to_mono_16k(signal, rate), rtol=0, atol=1e-6)
+    assert resampler.margin < rate // 40  # what it holds back: under 25 ms
 
 
 def test_a_room_adds_a_decaying_tail_of_the_set_power():
