@@ -741,7 +741,7 @@ def _warn_about_input(source, session) -> None:
             " infinite, read as silence",
             file=sys.stderr,
         )
-    if getattr(source, "odd_bytes", 0):
+    if source.odd_bytes:
         print(
             f"streamasr: warning: {source.name}: the stream ended mid-sample; its last byte was"
             " not audio",

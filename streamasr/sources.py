@@ -31,6 +31,7 @@ class Source:
 
     name = "source"
     duration_ms: float | None = None  # known in advance for files only
+    odd_bytes = 0  # a pipe that ended mid-sample: the half sample's bytes, not audio
 
     def __init__(self, queue_pieces: int = 200):
         self.queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=queue_pieces)
@@ -132,7 +133,6 @@ class PipeSource(Source):
         self.name = name
         self.stream = stream
         self.piece_bytes = 2 * max(1, ms_to_samples(piece_ms))
-        self.odd_bytes = 0  # a last byte that was half a sample (the stream ended mid-sample)
         self._carry = b""
 
     def start(self) -> None:
@@ -189,8 +189,7 @@ class MicSource(Source):
     def start(self) -> None:
         import sounddevice as sd
 
-        info = self.info
-        for rate in (SAMPLE_RATE, int(info["default_samplerate"])):
+        for rate in (SAMPLE_RATE, int(self.info["default_samplerate"])):
             try:
                 self.stream = sd.InputStream(
                     device=self.device, samplerate=rate, channels=1, dtype="float32",
@@ -203,10 +202,10 @@ class MicSource(Source):
                 log.debug("input at %d Hz failed: %s", rate, err)
         if self.stream is None:
             raise DeviceError(
-                f"input device {info['name']!r} opens at neither 16 kHz nor its default rate"
+                f"input device {self.info['name']!r} opens at neither 16 kHz nor its default rate"
             )
         self.stream.start()
-        log.info("listening on %s at %d Hz", info["name"], self.rate)
+        log.info("listening on %s at %d Hz", self.info["name"], self.rate)
 
     def read(self, timeout: float = 0.5) -> np.ndarray | None:
         piece = super().read(timeout)
