@@ -1,7 +1,7 @@
 """Wait-k evaluation: the user's Session over a manifest, quality and latency per k.
 
 Quality: WER (jiwer, normalized transcripts), BLEU and chrF (sacrebleu, detokenized, cased).
-Latency: SimulEval's word-level AL, LAAL, DAL, AP, StartOffset, EndOffset from `delay_ms`,
+Latency: SimulEval's word-level AL, LAAL, DAL, AP, StartOffset, EndOffset, ATD from `delay_ms`,
 their compute-aware twins from `elapsed_ms`, the transcript's emission delay per word
 (emitted - word end in the audio) and its partial-caption twin (shown from - word end), and the
 real-time factor.
@@ -328,14 +328,11 @@ def summarize(instances: list[Instance], wait_k: int | str) -> dict:
         ref_de = [[i.translation_ref for i in with_translation]]
         run["bleu"] = sacrebleu.corpus_bleu(hyp_de, ref_de).score
         run["chrf"] = sacrebleu.corpus_chrf(hyp_de, ref_de).score
-    plain = corpus_latency(
-        [(i.delays_ms, i.source_ms, i.translation_ref) for i in with_translation]
+    run.update(
+        corpus_latency(
+            [(i.delays_ms, i.source_ms, i.translation_ref, i.elapsed_ms) for i in with_translation]
+        )
     )
-    aware = corpus_latency(
-        [(i.elapsed_ms, i.source_ms, i.translation_ref) for i in with_translation]
-    )
-    run.update(plain)
-    run.update({f"{name}_CA": aware[name] for name in ("AL", "LAAL", "DAL")})
     run["asr_delay_ms"] = _delay_stats([d for i in instances for d in i.emission_delays_ms])
     run["asr_partial_delay_ms"] = _delay_stats([d for i in instances for d in i.shown_delays_ms])
     words = sum(len(i.shown_word_ms) for i in instances)
@@ -482,9 +479,11 @@ COLUMNS = (
     "AP",
     "StartOffset",
     "EndOffset",
+    "ATD",
     "AL_CA",
     "LAAL_CA",
     "DAL_CA",
+    "ATD_CA",
     "asr_delay",
     "rtf",
 )
@@ -500,7 +499,7 @@ def table_rows(runs: list[dict]) -> list[list[str]]:
 
     rows = []
     for r in runs:
-        row = [fmt(r[c], 3 if c in ("AP", "rtf") else 1) for c in COLUMNS if c != "asr_delay"]
+        row = [fmt(r.get(c), 3 if c in ("AP", "rtf") else 1) for c in COLUMNS if c != "asr_delay"]
         row.insert(COLUMNS.index("asr_delay"), fmt(r["asr_delay_ms"]["mean"], 0))
         rows.append(row)
     return rows

@@ -4,12 +4,13 @@ Per instance: `delays` are the source milliseconds consumed when each target wor
 (or the compute-aware `elapsed` times), `source_ms` the source length, `reference_words` the
 reference length in words (`len(reference.split(" "))`). A corpus figure is the mean over
 instances that emitted at least one word; instances with no output are skipped, as SimulEval
-skips them.
+skips them. Delays never decrease: words are written in order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 from statistics import mean
 
 
@@ -58,6 +59,38 @@ def differentiable_average_lagging(delays: Sequence[float], source_ms: float) ->
     return total / len(delays)
 
 
+def average_token_delay(
+    delays: Sequence[float], elapsed: Sequence[float] | None = None, word_ms: float = 300.0
+) -> float:
+    """ATD (Kano et al., 2023, arXiv:2211.13173) for speech in, text out, as SimulEval defines it.
+
+    The words written at one delay form a chunk; the source read since the chunk before is cut
+    into pseudo-words of `word_ms` (the last one shorter). The i-th target word is paired with
+    the i-th source word, moved back by how many words the output was ahead of the input when
+    its chunk began, and never past the source read; ATD is the mean of (when the target word
+    was written - when its source word ended). Target words take no time. With `elapsed`
+    (computation-aware), each word is written later by the computation since the word before:
+    t_i = max(d_i, t_(i-1)) + (e_i - d_i) - (e_(i-1) - d_(i-1)).
+    """
+    source_ends = [0.0]  # source_ends[s]: when the s-th source pseudo-word ended
+    read_before = written_before = 0  # source and target words of the chunks before this one
+    previous_delay = written_at = lag_before = 0.0
+    gaps = []
+    for delay, chunk in groupby(delays):
+        whole, rest = divmod(delay - previous_delay, word_ms)
+        for length in [word_ms] * int(whole) + ([rest] if rest else []):
+            source_ends.append(source_ends[-1] + length)
+        read, ahead = len(source_ends) - 1, max(0, written_before - read_before)
+        written = written_before + len(list(chunk))
+        for i in range(written_before, written):  # the (i + 1)-th target word
+            lag = elapsed[i] - delay if elapsed is not None else 0.0
+            written_at = max(delay, written_at) + lag - lag_before
+            lag_before = lag
+            gaps.append(written_at - source_ends[min(i + 1 - ahead, read)])
+        read_before, written_before, previous_delay = read, written, delay
+    return mean(gaps)
+
+
 def start_offset(delays: Sequence[float]) -> float:
     """StartOffset: the delay of the first word."""
     return delays[0]
@@ -68,27 +101,43 @@ def end_offset(delays: Sequence[float], source_ms: float) -> float:
     return delays[-1] - source_ms
 
 
+PLAIN = ("AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset", "ATD")
+AWARE = ("AL_CA", "LAAL_CA", "DAL_CA", "ATD_CA")  # computation-aware, from `elapsed`
+
+
 def instance_latency(
-    delays: Sequence[float], source_ms: float, reference: str | None
+    delays: Sequence[float],
+    source_ms: float,
+    reference: str | None,
+    elapsed: Sequence[float] | None = None,
 ) -> dict[str, float] | None:
-    """All word-level metrics of one instance; None when nothing was written."""
+    """All word-level metrics of one instance (the computation-aware ones with `elapsed`); None
+    when nothing was written."""
     if not delays:
         return None
     ref_len = len(reference.split(" ")) if reference is not None else len(delays)
-    return {
+    scores = {
         "AL": average_lagging(delays, source_ms, ref_len),
         "LAAL": length_adaptive_average_lagging(delays, source_ms, ref_len),
         "DAL": differentiable_average_lagging(delays, source_ms),
         "AP": average_proportion(delays, source_ms, ref_len),
         "StartOffset": start_offset(delays),
         "EndOffset": end_offset(delays, source_ms),
+        "ATD": average_token_delay(delays),
     }
+    if elapsed is not None:
+        scores["AL_CA"] = average_lagging(elapsed, source_ms, ref_len)
+        scores["LAAL_CA"] = length_adaptive_average_lagging(elapsed, source_ms, ref_len)
+        scores["DAL_CA"] = differentiable_average_lagging(elapsed, source_ms)
+        scores["ATD_CA"] = average_token_delay(delays, elapsed)
+    return scores
 
 
 def corpus_latency(
-    instances: Sequence[tuple[Sequence[float], float, str | None]],
+    instances: Sequence[tuple],
 ) -> dict[str, float | None]:
-    """Mean of each metric over (delays, source_ms, reference) instances with output."""
+    """Mean of each metric over (delays, source_ms, reference[, elapsed]) instances with output;
+    the computation-aware metrics too when every instance has its `elapsed`."""
     scores = [s for s in (instance_latency(*ins) for ins in instances) if s is not None]
-    names = ("AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset")
+    names = PLAIN + (AWARE if all(len(ins) == 4 for ins in instances) else ())
     return {name: (mean(s[name] for s in scores) if scores else None) for name in names}

@@ -16,12 +16,16 @@ import soundfile as sf
 from streamasr.cli import build_parser, main
 from streamasr.evaluate import paired_wer_bootstrap, partial_captions
 from streamasr.manifest import read_manifest
-from streamasr.metrics import average_lagging, length_adaptive_average_lagging
+from streamasr.metrics import (
+    average_lagging,
+    average_token_delay,
+    length_adaptive_average_lagging,
+)
 from streamasr.session import Event, SessionOptions
 from streamasr.text import normalize_transcript
 
 RUN_KEYS = {"wait_k", "wer", "wer_full_context", "bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset",
-            "AL_CA", "LAAL_CA", "DAL_CA", "asr_delay_ms", "asr_partial_delay_ms", "asr_partial_changes_per_word", "rtf"}  # fmt: skip
+            "ATD", "AL_CA", "LAAL_CA", "DAL_CA", "ATD_CA", "asr_delay_ms", "asr_partial_delay_ms", "asr_partial_changes_per_word", "rtf"}  # fmt: skip
 
 
 @pytest.fixture
@@ -137,6 +141,8 @@ def test_eval_writes_summary_instances_and_plot(manifest, tmp_path, tiny_bundle_
     assert run["AL_CA"] == pytest.approx(sum(ca) / len(ca), abs=0.2)
     assert run["LAAL_CA"] == pytest.approx(sum(laal) / len(laal), abs=0.2)
     assert run["AL_CA"] >= run["AL"]
+    atd = [average_token_delay(i["delays_ms"], i["elapsed_ms"]) for i in inf_run]
+    assert run["ATD_CA"] == pytest.approx(sum(atd) / len(atd), abs=0.2)
 
 
 def test_transcript_only_manifest(tmp_path, tone, tiny_bundle_dir):
@@ -162,7 +168,19 @@ def test_transcript_only_manifest(tmp_path, tone, tiny_bundle_dir):
     )
     run = json.loads((out / "summary.json").read_text())["runs"][0]
     assert run["wer"] is not None
-    for key in ("bleu", "chrf", "AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset", "AL_CA"):
+    for key in (
+        "bleu",
+        "chrf",
+        "AL",
+        "LAAL",
+        "DAL",
+        "AP",
+        "StartOffset",
+        "EndOffset",
+        "ATD",
+        "AL_CA",
+        "ATD_CA",
+    ):
         assert run[key] is None, key
 
 

@@ -7,6 +7,7 @@ import pytest
 from streamasr.metrics import (
     average_lagging,
     average_proportion,
+    average_token_delay,
     corpus_latency,
     differentiable_average_lagging,
     instance_latency,
@@ -43,12 +44,30 @@ def test_ap_and_dal_hand_computed():
     assert differentiable_average_lagging(delays, 1000) == pytest.approx(expected)
 
 
+def test_atd_hand_computed():
+    # 300 ms source pseudo-words: [0, 300, 320] read by 320, then 620, 640 by 640; the two words
+    # at 640 pair with the 2nd and 3rd source words (the output one word behind the input)
+    assert average_token_delay([320, 640, 640]) == pytest.approx(
+        ((320 - 300) + (640 - 320) + (640 - 620)) / 3
+    )
+    # three words at 320 ms: one word ahead of the 2-word source from the 3rd word on, so the 4th
+    # (at 640) pairs with source word 4 - 1 = 3 (ended at 620)
+    assert average_token_delay([320, 320, 320, 640]) == pytest.approx(
+        ((320 - 300) + (320 - 320) + (320 - 320) + (640 - 620)) / 4
+    )
+    # computation-aware: the first word 50 ms late, the second 30 ms more
+    assert average_token_delay([320, 640], [370, 720]) == pytest.approx(
+        ((370 - 300) + (640 + 30 - 320)) / 2
+    )
+
+
 def test_empty_translation_is_skipped():
     assert instance_latency([], 1000, "ein Hund") is None
     corpus = corpus_latency([([], 1000, "a b"), ([500, 1000], 1000, "a b")])
     assert corpus["AL"] == pytest.approx((500 + 500) / 2)
     assert corpus["StartOffset"] == 500 and corpus["EndOffset"] == 0
     assert corpus_latency([([], 1000, "a")])["AL"] is None
+    assert "ATD_CA" not in corpus and corpus_latency([])["ATD_CA"] is None
 
 
 def test_agrees_with_simuleval_1_1_4():
@@ -81,3 +100,29 @@ def test_agrees_with_simuleval_1_1_4():
             if ins.delays:
                 mine = instance_latency(ins.delays, ins.source_length, ins.reference)[name]
                 assert mine == pytest.approx(ins.metrics[name]), (name, ins.delays)
+
+
+def test_atd_agrees_with_simuleval_1_1_4():
+    """ATD and its computation-aware twin against SimulEval's scorer (speech in, text out: 300 ms
+    source words), on traces with words written together, late computation and uneven chunks."""
+    import json
+
+    instance = pytest.importorskip("simuleval.evaluator.instance")
+    scorers = pytest.importorskip("simuleval.evaluator.scorers.latency_scorer")
+    traces = [
+        ([320.0, 640.0, 960.0, 1280.0, 1500.0, 1500.0], [350.0, 700.0, 990.0, 1400.0, 1620.0, 1625.0]),
+        ([960.0, 960.0, 960.0, 2000.0, 2600.0], [1000.0, 1010.0, 1020.0, 2050.0, 2605.0]),
+        ([3000.0], [3400.0]),
+        ([100.0, 200.0, 333.5, 400.0, 1234.5, 1234.5, 2700.0], [180.0, 260.0, 500.0, 510.0, 1300.0, 1300.0, 2800.0]),
+    ]  # fmt: skip
+    for delays, elapsed in traces:
+        log = {"index": 0, "delays": delays, "elapsed": elapsed, "source_length": 3000.0}
+        instances = {0: instance.LogInstance(json.dumps(log | {"reference": "a b"}))}
+        for aware in (False, True):
+            theirs = scorers.LATENCY_SCORERS_DICT["ATD"](computation_aware=aware)(instances)
+            mine = average_token_delay(delays, elapsed if aware else None)
+            assert mine == pytest.approx(theirs), (delays, aware)
+        scores = instance_latency(delays, 3000.0, "a b", elapsed)
+        assert scores["ATD"] == average_token_delay(delays)
+        assert scores["ATD_CA"] == average_token_delay(delays, elapsed)
+        assert scores["AL_CA"] == average_lagging(elapsed, 3000.0, 2)
