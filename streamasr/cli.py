@@ -1214,6 +1214,36 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_simuleval_logs(sub: argparse._SubParsersAction) -> None:
+    logs = sub.add_parser(
+        "simuleval-logs",
+        help="an eval folder's translations as SimulEval instance logs, for its own scorers",
+        description="Writes OUT/k<K>/instances.log and config.yaml for each wait-k of an eval "
+        "folder, in SimulEval 1.1.4's format, so that `simuleval --score-only --output "
+        "OUT/k<K>` scores the same translations and delays with SimulEval's scorers (BLEU, AL, "
+        "LAAL, DAL, AP, ATD, StartOffset, EndOffset). With --computation-aware, SimulEval "
+        "1.1.4 reports the computation-aware figures under the plain names too.",
+    )
+    logs.add_argument("eval_dir", type=Path, help="a folder written by `streamasr eval --out`")
+    logs.add_argument("--out", type=Path, required=True, help="folder for the k<K> logs")
+    logs.set_defaults(func=cmd_simuleval_logs)
+
+
+def cmd_simuleval_logs(args: argparse.Namespace) -> int:
+    from .evaluate import write_simuleval_logs
+
+    if not (args.eval_dir / "instances.jsonl").is_file():
+        raise UsageError(f"{args.eval_dir}: no instances.jsonl (run `streamasr eval --out` first)")
+    written = write_simuleval_logs(args.eval_dir, args.out)
+    if not written:
+        raise UsageError(f"{args.eval_dir}: no reference translations, nothing for SimulEval")
+    for k, (folder, count) in written.items():
+        print(f"k = {k}: {count} instances in {folder}")
+    metrics = "AL LAAL DAL AP ATD StartOffset EndOffset"
+    print(f"score one: simuleval --score-only --output {folder} --latency-metrics {metrics}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamasr",
@@ -1230,6 +1260,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_results(sub)
     _add_compare(sub)
+    _add_simuleval_logs(sub)
     return parser
 
 

@@ -602,6 +602,37 @@ def translations_by_k(rows: list[dict]) -> dict[str, dict[str, tuple[str, str]]]
     return out
 
 
+def write_simuleval_logs(folder: Path, out: Path) -> dict[str, tuple[Path, int]]:
+    """An eval folder's translations as SimulEval 1.1.4 instance logs, one folder per wait-k
+    (`out/k<K>/instances.log` and `config.yaml`), for `simuleval --score-only --output DIR` to
+    score with SimulEval's own scorers. Returns wait-k -> (folder, instances)."""
+    by_k: dict[str, list[dict]] = {}
+    for row in read_instances(folder):
+        if row.get("translation_ref") is not None:
+            by_k.setdefault(str(row["wait_k"]), []).append(row)
+    written = {}
+    for k, rows in by_k.items():
+        target = out / f"k{k}"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "config.yaml").write_text("source_type: speech\ntarget_type: text\n")
+        with open(target / "instances.log", "w", encoding="utf-8") as f:
+            for index, row in enumerate(rows):
+                prediction = row["translation"] or ""
+                log = {
+                    "index": index,
+                    "prediction": prediction,
+                    "delays": row["delays_ms"],
+                    "elapsed": row["elapsed_ms"],
+                    "prediction_length": len(prediction.split()),
+                    "reference": row["translation_ref"],
+                    "source": [row["id"]],
+                    "source_length": row["source_ms"],
+                }
+                f.write(json.dumps(log, ensure_ascii=False) + "\n")
+        written[k] = (target, len(rows))
+    return written
+
+
 RESULTS_BEGIN, RESULTS_END = "<!-- results:begin -->", "<!-- results:end -->"
 
 

@@ -407,3 +407,35 @@ def test_a_word_is_shown_from_when_the_partials_put_it_in_its_place_for_good():
     assert partial_captions(events) == ([640, 960, 1280, 2560, 2560], 2)
     plain = [e for e in events if e.type != "partial"]  # without partials: the commits
     assert partial_captions(plain) == ([1280, 1920, 1920, 2560, 2880], 0)
+
+
+def test_simuleval_scores_the_exported_logs_as_the_summary_does(
+    manifest, tmp_path, tiny_bundle_dir
+):
+    """`simuleval-logs` writes what `simuleval --score-only` reads (its own argument parsing and
+    evaluator, in process), and SimulEval's BLEU and latencies equal the summary's."""
+    options = pytest.importorskip("simuleval.options")
+    evaluator = pytest.importorskip("simuleval.evaluator.evaluator")
+    out = tmp_path / "eval"
+    argv = ["eval", str(manifest), "--model", str(tiny_bundle_dir), "--wait-k", "1,inf"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert main(["simuleval-logs", str(out), "--out", str(tmp_path / "se")]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for run in summary["runs"]:
+        assert run["AL"] is not None and run["bleu"] is not None  # words were written
+        parser = options.general_parser()
+        for add in (
+            options.add_evaluator_args,
+            options.add_scorer_args,
+            options.add_dataloader_args,
+        ):
+            add(parser)
+        metrics = ["AL", "LAAL", "DAL", "AP", "ATD", "StartOffset", "EndOffset"]
+        folder = tmp_path / "se" / f"k{run['wait_k']}"
+        args = parser.parse_args(
+            ["--score-only", "--output", str(folder), "--latency-metrics", *metrics]
+        )
+        theirs = evaluator.SentenceLevelEvaluator.from_args(args).results.iloc[0]
+        assert theirs["BLEU"] == pytest.approx(run["bleu"], abs=1e-3)
+        for name in metrics:
+            assert theirs[name] == pytest.approx(run[name], abs=1e-3), name
