@@ -144,6 +144,35 @@ class AudioReader:
             raise AudioError(f"{self.path}: not a readable audio file ({err})") from None
 
 
+class AudioRecorder:
+    """The 16 kHz mono audio a session hears, written to a sound file as it arrives (16-bit PCM;
+    the container from the suffix: .wav, .flac, .ogg...), flushed piece by piece so that what was
+    heard is on disk whatever ends the stream. A sample that is not finite is written as the
+    silence the session reads it as."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self.file = sf.SoundFile(self.path, "w", samplerate=SAMPLE_RATE, channels=1)
+        except TypeError:  # soundfile's word for a suffix that names no format
+            raise AudioError(f"{self.path}: not a sound file name (.wav, .flac, .ogg)") from None
+        except (sf.LibsndfileError, RuntimeError) as err:
+            raise AudioError(f"{self.path}: cannot be written ({err})") from None
+
+    def write(self, piece: np.ndarray) -> None:
+        self.file.write(np.nan_to_num(piece, nan=0.0, posinf=0.0, neginf=0.0))
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> AudioRecorder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def in_room(samples: np.ndarray, rt60_s: float, drr_db: float, seed: str) -> np.ndarray:
     """`samples` as heard in a synthetic room: convolved with the direct sound and a tail of
     Gaussian noise that starts 2.5 ms later and decays by 60 dB in `rt60_s`, holding `drr_db` dB

@@ -623,6 +623,20 @@ def _add_stream_commands(sub: argparse._SubParsersAction) -> None:
         default="text",
         help="text: a live terminal view; jsonl: events on stdout",
     )
+    live.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="also keep the captions in this file: events for .jsonl, subtitles for .srt and"
+        " .vtt (written when the stream ends), text lines otherwise",
+    )
+    live.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE",
+        help="also keep the audio the session heard in this sound file (16 kHz mono; .wav,"
+        " .flac or .ogg), written as it comes: `streamasr transcribe FILE` reads it again",
+    )
     live.add_argument("--list-devices", action="store_true", help="list input devices and exit")
     _add_caption_options(live)
     live.set_defaults(func=cmd_live)
@@ -717,7 +731,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                 disable=duration_ms < 60_000 or None,
             )
 
-            write = _also_publish(writer.events, web)
+            write = _fan_out(writer.events, web and web.publish)
 
             def on_events(events, bar=bar, session=session, write=write):
                 write(events)
@@ -753,8 +767,9 @@ def cmd_live(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from .audio import AudioRecorder
     from .live import LiveView
-    from .outputs import JsonlWriter
+    from .outputs import JsonlWriter, make_writer
     from .runner import run_stream
     from .session import Session
     from .sources import DeviceError, MicSource, list_input_devices
@@ -770,20 +785,30 @@ def cmd_live(args: argparse.Namespace) -> int:
     except (OSError, DeviceError) as err:
         raise UsageError(f"audio input: {err}") from None
     session = Session(bundle, options, stream=source.name, clock="wall")
-    stop = lambda *_: source.stop()  # noqa: E731 - Ctrl-C and SIGTERM end the stream cleanly
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    with _caption_server(args.serve) as web:
+    with contextlib.ExitStack() as closing:
+        record = closing.enter_context(AudioRecorder(args.record)).write if args.record else None
+        kept = None
+        if args.output is not None:
+            kind = {".jsonl": "jsonl", ".srt": "srt", ".vtt": "vtt"}.get(args.output.suffix, "text")
+            out = closing.enter_context(open(args.output, "w", encoding="utf-8"))
+            kept = make_writer(kind, out, args.translate)
+        web = closing.enter_context(_caption_server(args.serve))
+        stop = lambda *_: source.stop()  # noqa: E731 - Ctrl-C and SIGTERM end the stream cleanly
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            closing.callback(signal.signal, sig, signal.signal(sig, stop))  # restored after
         if args.seconds is not None:
             threading.Timer(args.seconds, source.stop).start()
+        also = [kept and kept.events, web and web.publish]
         try:
             if args.format == "jsonl":
-                run_stream(session, source, _also_publish(JsonlWriter(sys.stdout).events, web))
+                run_stream(session, source, _fan_out(JsonlWriter(sys.stdout).events, *also), record)
             else:
                 with LiveView(source, args.translate) as view:
-                    run_stream(session, source, _also_publish(view.events, web))
+                    run_stream(session, source, _fan_out(view.events, *also), record)
         except (OSError, DeviceError) as err:
             raise UsageError(f"audio input: {err}") from None
+        if kept is not None:
+            kept.end_stream(source.name, session.segments)
     print(
         f"dropped pieces: {source.dropped_pieces}, device overflows: {source.device_overflows},"
         f" non-finite samples: {session.nonfinite_samples}",
@@ -835,16 +860,16 @@ def _caption_server(address: tuple[str, int] | None):
         yield server
 
 
-def _also_publish(on_events, server):
-    """`on_events`, and each batch handed to the caption server too when there is one."""
-    if server is None:
-        return on_events
+def _fan_out(*handlers):
+    """One events handler that hands each batch to every one of `handlers` not None, in order
+    (the view or writer first, then a file kept, then the caption server)."""
+    handlers = [handler for handler in handlers if handler is not None]
 
-    def both(events):
-        on_events(events)
-        server.publish(events)
+    def every(events):
+        for handler in handlers:
+            handler(events)
 
-    return both
+    return handlers[0] if len(handlers) == 1 else every
 
 
 def _wait_k_list(text: str) -> list[int | None]:

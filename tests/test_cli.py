@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 
 import numpy as np
@@ -371,3 +372,55 @@ def test_text_and_live_views_show_partials_only_until_words_are_committed():
     writer.events(final)
     assert "a man runs" in screen(view) and "men" not in screen(view)
     assert out.getvalue() == "a man runs\n"  # the text format writes committed words only
+
+
+def test_live_keeps_its_captions_and_the_audio_it_heard(
+    monkeypatch, capsys, tmp_path, tone, tiny_bundle_dir
+):
+    """`live -o` keeps the events it shows, `--record` the audio the session heard (a NaN as the
+    silence it was read as), and transcribing the recording gives the same words at the same
+    delays. The microphone is a file here; tests/test_live_mic.py has a real device."""
+    from streamasr import sources
+
+    audio = np.concatenate([tone, np.zeros(8000, np.float32), tone])
+    audio[100] = np.nan
+    monkeypatch.setattr(sources, "MicSource", lambda device: sources.FileSource("mic", audio=audio))
+    kept, heard = tmp_path / "kept.jsonl", tmp_path / "heard.wav"
+    args = ["--model", str(tiny_bundle_dir), "--translate", "--format", "jsonl"]
+    assert main(["live", *args, "-o", str(kept), "--record", str(heard)]) == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # live restored it
+    shown = capsys.readouterr().out
+    assert kept.read_text() == shown and any(
+        json.loads(line)["text"] for line in shown.splitlines()
+    )
+    recorded, rate = sf.read(heard, dtype="float32")
+    assert rate == 16000 and len(recorded) == len(audio) and recorded[100] == 0
+    assert np.abs(recorded - np.nan_to_num(audio)).max() < 1 / 16000  # 16-bit PCM
+
+    def timed_words(output):  # elapsed_ms holds measured compute time, which varies
+        events = [json.loads(line) for line in output.splitlines()]
+        return [(e["segment"], e["type"], e["text"], e["final"], e["delay_ms"]) for e in events]
+
+    _, again, _ = transcribe(capsys, heard, *args)
+    assert timed_words(again) == timed_words(shown)
+
+
+@pytest.mark.parametrize(
+    "flag, path, message",
+    [
+        ("--record", "heard.xyz", "heard.xyz: not a sound file name (.wav, .flac, .ogg)"),
+        ("--record", "no/such/heard.wav", "no/such/heard.wav: cannot be written"),
+        ("-o", "no/such/kept.srt", "no/such/kept.srt: No such file or directory"),
+    ],
+)
+def test_live_files_that_cannot_be_written_are_one_line(
+    monkeypatch, capsys, tmp_path, tone, tiny_bundle_dir, flag, path, message
+):
+    from streamasr import sources
+
+    monkeypatch.setattr(sources, "MicSource", lambda device: sources.FileSource("mic", audio=tone))
+    monkeypatch.chdir(tmp_path)
+    assert main(["live", "--model", str(tiny_bundle_dir), "--format", "jsonl", flag, path]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith(f"streamasr: error: {message}")
+    assert len(out.err.splitlines()) == 1
