@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 pytestmark = pytest.mark.mic
 SECONDS = 5.0
@@ -50,8 +51,6 @@ def virtual_mic(tmp_path):
 def speech(tmp_path, tone) -> np.ndarray:
     """An utterance from espeak-ng when it is there, else the test tone."""
     if shutil.which("espeak-ng"):
-        import soundfile as sf
-
         from streamasr.audio import load_audio
 
         wav = tmp_path / "say.wav"
@@ -84,7 +83,7 @@ def test_live_emits_transcript_events_from_a_real_device(
 ):
     env, fifo = virtual_mic
     command = [sys.executable, "-m", "streamasr.cli", "live", "--model", str(tiny_bundle_dir), "--translate",
-               "--seconds", str(SECONDS), "--format", "jsonl"]  # fmt: skip
+               "--seconds", str(SECONDS), "--format", "jsonl", "--record", str(tmp_path / "heard.wav")]  # fmt: skip
     live = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -111,6 +110,8 @@ def test_live_emits_transcript_events_from_a_real_device(
     assert transcript[-1]["final"]  # the open segment is closed when the stream stops
     assert all(e["elapsed_ms"] >= e["delay_ms"] for e in events)
     assert "dropped pieces: 0" in stderr
+    heard = sf.info(str(tmp_path / "heard.wav"))  # what the device gave while the stream was open
+    assert heard.samplerate == 16000 and SECONDS - 1 < heard.duration <= SECONDS + 1
 
 
 def test_list_devices_shows_the_virtual_mic(virtual_mic):
