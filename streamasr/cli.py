@@ -1175,7 +1175,9 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         help="two eval runs' WER and BLEU on the same utterances, by paired bootstrap",
         description="B's WER minus A's, streamed and with full context, on the utterances both "
         "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap); "
-        "then B's BLEU against A's at each wait-k both folders ran (sacrebleu's paired bootstrap).",
+        "then, at each wait-k both folders ran, B's BLEU against A's (sacrebleu's paired "
+        "bootstrap) and B's AL and LAAL against A's on the utterances both translated (paired "
+        "bootstrap).",
     )
     cmp.add_argument("a", type=Path, help="an eval folder (`streamasr eval --out`): the baseline")
     cmp.add_argument("b", type=Path, help="an eval folder of the same manifest: the candidate")
@@ -1187,6 +1189,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from .evaluate import (
         paired_bleu_bootstrap,
+        paired_latency_bootstrap,
         paired_wer_bootstrap,
         read_instances,
         transcripts_by_id,
@@ -1236,6 +1239,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"{'BLEU k=' + k:>12}: A {d.a:.2f}  B {d.b:.2f}  B - A {d.b - d.a:+.2f}  "
             f"p = {d.p_value:.3f} (sacrebleu's paired bootstrap)"
         )
+        at_k = [[row for row in rows if str(row["wait_k"]) == k] for rows in (rows_a, rows_b)]
+        for metric in ("AL", "LAAL"):
+            paired = paired_latency_bootstrap(*at_k, metric, args.samples, args.seed)
+            if paired is not None:
+                d, count = paired
+                print(
+                    f"{metric + ' k=' + k:>12}: A {d.a:.0f} ms  B {d.b:.0f} ms  B - A "
+                    f"{d.b - d.a:+.0f} [{d.low:+.0f}, {d.high:+.0f}] ms ({count} translated by both)"
+                )
     return 0
 
 

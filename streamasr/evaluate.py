@@ -28,7 +28,7 @@ from .bundle import Bundle
 from .decoding import BeamOptions, CtcBeamSearch, TranslationSearch, ctc_greedy_tokens
 from .features import LogMel
 from .manifest import Utterance
-from .metrics import corpus_latency
+from .metrics import corpus_latency, instance_latency
 from .runner import run_stream
 from .session import Event, Session, SessionOptions
 from .sources import FileSource
@@ -512,40 +512,71 @@ def markdown_table(runs: list[dict]) -> str:
 
 
 @dataclass(frozen=True)
-class WerDifference:
-    """B's WER minus A's on the same utterances, with a paired bootstrap over utterances."""
+class Difference:
+    """B's figure minus A's on the same items, with a paired bootstrap over the items."""
 
-    a: float  # WER % of A
-    b: float  # WER % of B
-    low: float  # 2.5th percentile of B - A (points) over the resamples
+    a: float  # A's figure
+    b: float  # B's figure
+    low: float  # 2.5th percentile of B - A over the resamples
     high: float  # 97.5th percentile
-    b_higher: float  # share of resamples in which B's WER is the higher
+    b_higher: float  # share of resamples in which B's figure is the higher
+
+
+def paired_bootstrap(
+    num_a: np.ndarray, num_b: np.ndarray, den: np.ndarray, samples: int = 1000, seed: int = 0
+) -> Difference:
+    """B's sum(num_b) / sum(den) against A's sum(num_a) / sum(den) beyond what the choice of
+    items explains: both resampled together, item by item (Koehn, 2004, for BLEU)."""
+    picks = np.random.default_rng(seed).integers(0, len(den), (samples, len(den)))
+    diff = (num_b[picks].sum(1) - num_a[picks].sum(1)) / den[picks].sum(1)
+    return Difference(
+        a=float(num_a.sum() / den.sum()),
+        b=float(num_b.sum() / den.sum()),
+        low=float(np.percentile(diff, 2.5)),
+        high=float(np.percentile(diff, 97.5)),
+        b_higher=float(np.mean(diff > 0)),
+    )
 
 
 def paired_wer_bootstrap(
     refs: list[str], hyps_a: list[str], hyps_b: list[str], samples: int = 1000, seed: int = 0
-) -> WerDifference:
-    """Whether B's WER differs from A's beyond what the choice of utterances explains: both
-    error counts resampled together, utterance by utterance (Koehn, 2004, for BLEU)."""
+) -> Difference:
+    """B's WER % against A's, the error counts resampled utterance by utterance."""
 
     def errors(hyps: list[str]) -> np.ndarray:
         counts = []
         for ref, hyp in zip(refs, hyps):
             words = jiwer.process_words(ref, hyp)
             counts.append(words.substitutions + words.deletions + words.insertions)
-        return np.array(counts)
+        return 100 * np.array(counts)
 
-    err_a, err_b = errors(hyps_a), errors(hyps_b)
     words = np.array([len(ref.split()) for ref in refs])
-    picks = np.random.default_rng(seed).integers(0, len(refs), (samples, len(refs)))
-    diff = 100 * (err_b[picks].sum(1) - err_a[picks].sum(1)) / words[picks].sum(1)
-    return WerDifference(
-        a=100 * err_a.sum() / words.sum(),
-        b=100 * err_b.sum() / words.sum(),
-        low=float(np.percentile(diff, 2.5)),
-        high=float(np.percentile(diff, 97.5)),
-        b_higher=float(np.mean(diff > 0)),
-    )
+    return paired_bootstrap(errors(hyps_a), errors(hyps_b), words, samples, seed)
+
+
+def paired_latency_bootstrap(
+    rows_a: list[dict], rows_b: list[dict], metric: str, samples: int = 1000, seed: int = 0
+) -> tuple[Difference, int] | None:
+    """B's corpus `metric` (AL, LAAL, ATD...) against A's on the utterances both translated with
+    at least one word, resampled utterance by utterance; None when there are none."""
+
+    def scores(rows: list[dict]) -> dict[str, float]:
+        return {
+            row["id"]: latency[metric]
+            for row in rows
+            if (
+                latency := instance_latency(
+                    row["delays_ms"], row["source_ms"], row["translation_ref"]
+                )
+            )
+        }
+
+    a, b = scores(rows_a), scores(rows_b)
+    ids = sorted(a.keys() & b.keys())
+    if not ids:
+        return None
+    values_a, values_b = np.array([a[i] for i in ids]), np.array([b[i] for i in ids])
+    return paired_bootstrap(values_a, values_b, np.ones(len(ids)), samples, seed), len(ids)
 
 
 @dataclass(frozen=True)

@@ -309,15 +309,20 @@ def test_tune_beam_reads_each_file_as_the_playback_plays_it(manifest, tiny_bundl
 
 
 def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf"), translations=None):
+    """instances.jsonl of an eval run; each translation's words 1 s apart after `1 + 5 - words`
+    s of a 5 s source (ending with it)."""
     folder.mkdir()
     with open(folder / "instances.jsonl", "w") as f:
         for k in wait_ks:
             for i, (hyp, ref) in enumerate(zip(transcripts, refs)):
                 row = {"id": f"u{i}", "wait_k": k, "text_ref": ref, "transcript": hyp}
                 if translations is not None:
+                    words = len(translations[i].split())
                     row |= {
                         "translation_ref": f"ein Mann reitet Pferd {i}",
                         "translation": translations[i],
+                        "source_ms": 5000.0,
+                        "delays_ms": [1000.0 * (6 - words + j) for j in range(words)],
                     }
                 f.write(json.dumps({**row, "full_context_transcript": ref}) + "\n")
 
@@ -330,12 +335,17 @@ def test_compare_bootstraps_the_wer_difference_over_utterances(tmp_path, capsys)
     cased = [r.capitalize() + "." for r in refs]
     _eval_folder(tmp_path / "b", worse, cased, wait_ks=(3,), translations=["ein Haus"] * 40)
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--samples", "500"]) == 0
-    streamed, full, bleu = capsys.readouterr().out.splitlines()[1:]  # no k=inf: B lacks it
+    streamed, full, bleu, al, laal = capsys.readouterr().out.splitlines()[1:]  # B has no k=inf
     # 20 substitutions in 280 words, every resample worse; full context the same in both
     assert "A 0.00 %  B 7.14 %  B - A +7.14" in streamed
     assert "B higher in 100.0 % of resamples" in streamed
     assert "B - A +0.00 [+0.00, +0.00]  B higher in 0.0 %" in full
     assert "BLEU k=3: A 100.00  B 0.00  B - A -100.00  p = 0.002" in bleu  # (0 + 1) / (500 + 1)
+    # A's five words at 1..5 s lag 1 s each (AL 1000); B's two at 4 and 5 s: (4000 + 4000) / 2
+    assert (
+        "AL k=3: A 1000 ms  B 4000 ms  B - A +3000 [+3000, +3000] ms (40 translated by both)" in al
+    )
+    assert "LAAL k=3: A 1000 ms  B 4000 ms" in laal  # B's two words are shorter than the reference
 
     difference = paired_wer_bootstrap(refs, refs, worse, samples=2000, seed=1)
     assert 0 < difference.low < difference.b - difference.a < difference.high
