@@ -1172,7 +1172,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     cmp = sub.add_parser(
         "compare",
-        help="two eval runs' WER and BLEU on the same utterances, by paired bootstrap",
+        help="two eval runs' WER, BLEU and latency on the same utterances, by paired bootstrap",
         description="B's WER minus A's, streamed and with full context, on the utterances both "
         "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap); "
         "then, at each wait-k both folders ran, B's BLEU against A's (sacrebleu's paired "
@@ -1251,15 +1251,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+SIMULEVAL_LOGS_ABOUT = (
+    "OUT/k<K>/instances.log and config.yaml for each wait-k of an eval folder, in SimulEval "
+    "1.1.4's format: `simuleval --score-only --output OUT/k<K>` scores the same translations "
+    "and delays with SimulEval's scorers (BLEU, AL, LAAL, DAL, AP, ATD, StartOffset, EndOffset)."
+)
+
+
 def _add_simuleval_logs(sub: argparse._SubParsersAction) -> None:
     logs = sub.add_parser(
         "simuleval-logs",
         help="an eval folder's translations as SimulEval instance logs, for its own scorers",
-        description="Writes OUT/k<K>/instances.log and config.yaml for each wait-k of an eval "
-        "folder, in SimulEval 1.1.4's format, so that `simuleval --score-only --output "
-        "OUT/k<K>` scores the same translations and delays with SimulEval's scorers (BLEU, AL, "
-        "LAAL, DAL, AP, ATD, StartOffset, EndOffset). With --computation-aware, SimulEval "
-        "1.1.4 reports the computation-aware figures under the plain names too.",
+        description=f"{SIMULEVAL_LOGS_ABOUT} With --computation-aware, SimulEval 1.1.4 reports "
+        "the computation-aware figures under the plain names too.",
     )
     logs.add_argument("eval_dir", type=Path, help="a folder written by `streamasr eval --out`")
     logs.add_argument("--out", type=Path, required=True, help="folder for the k<K> logs")
