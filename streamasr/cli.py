@@ -693,6 +693,12 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         )
     if [str(path) for path in args.audio].count("-") > 1:
         raise UsageError("-: standard input can be read once")
+    per_file = subtitles and len(args.audio) > 1 and args.output is not None
+    stems = ["stdin" if str(path) == "-" else Path(path).stem for path in args.audio]
+    if per_file and (clash := next((s for s in stems if stems.count(s) > 1), None)):
+        raise UsageError(
+            f"several inputs are named {clash}: each would write {args.output / clash}.{args.format}"
+        )
     bundle, options = _load_model(
         args, translate=args.translate, wait_k=args.wait_k, partials=args.partials
     )
@@ -706,7 +712,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         if single is not None:
             closing.enter_context(single)
         web = closing.enter_context(_caption_server(args.serve))
-        for path in args.audio:
+        files = tqdm(args.audio, unit="file", disable=len(args.audio) == 1 or None)
+        for path in files:
             try:
                 source = _open_source(path, args.clock)
             except AudioError as err:
@@ -738,12 +745,23 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                 bar.n = round(session.audio_ms / 1000, 1)
                 bar.refresh()
 
-            run_stream(session, source, on_events)
+            interrupted = False
+            try:
+                run_stream(session, source, on_events)
+            except KeyboardInterrupt:  # the open segment is closed: keep what was heard
+                interrupted = True
             bar.close()
             _warn_about_input(source, session)
             writer.end_stream(source.name, session.segments)
             if out is not None and out is not single:
                 out.close()
+            if interrupted:
+                print(
+                    f"streamasr: interrupted: {source.name} kept up to"
+                    f" {session.audio_ms / 1000:.1f} s",
+                    file=sys.stderr,
+                )
+                return 130
     return 1 if failures else 0
 
 

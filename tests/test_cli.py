@@ -424,3 +424,40 @@ def test_live_files_that_cannot_be_written_are_one_line(
     out = capsys.readouterr()
     assert out.out == "" and out.err.startswith(f"streamasr: error: {message}")
     assert len(out.err.splitlines()) == 1
+
+
+def test_subtitles_of_files_with_one_name_are_refused_not_overwritten(
+    capsys, tmp_path, wav, tiny_bundle_dir
+):
+    (tmp_path / "other").mkdir()
+    again = tmp_path / "other" / wav.name
+    again.write_bytes(wav.read_bytes())
+    code, out, err = transcribe(
+        capsys, wav, again, "--model", tiny_bundle_dir, "--format", "srt", "-o", tmp_path / "subs"
+    )
+    assert code == 2 and out == "" and not (tmp_path / "subs").exists()
+    assert (
+        err
+        == f"streamasr: error: several inputs are named talk: each would write {tmp_path / 'subs' / 'talk'}.srt\n"
+    )
+
+
+def test_ctrl_c_in_transcribe_keeps_the_subtitles_heard_so_far(
+    monkeypatch, capsys, tmp_path, wav, tiny_bundle_dir
+):
+    from streamasr import sources
+
+    read = sources.FileSource.read
+    pieces = iter(range(1000))
+
+    def read_then_interrupt(self, timeout=0.5):  # Ctrl-C once 1.5 s have been read
+        if next(pieces) == 15:
+            raise KeyboardInterrupt
+        return read(self, timeout)
+
+    monkeypatch.setattr(sources.FileSource, "read", read_then_interrupt)
+    srt = tmp_path / "talk.srt"
+    code, _, err = transcribe(capsys, wav, "--model", tiny_bundle_dir, "--format", "srt", "-o", srt)
+    assert code == 130 and err == f"streamasr: interrupted: {wav} kept up to 1.5 s\n"
+    cues = srt.read_text().strip().split("\n\n")
+    assert cues[0].startswith("1\n00:00:00,") and all(cue.strip() for cue in cues)
