@@ -712,6 +712,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         if single is not None:
             closing.enter_context(single)
         web = closing.enter_context(_caption_server(args.serve))
+        closing.enter_context(_sigterm_as_ctrl_c())
         files = tqdm(args.audio, unit="file", disable=len(args.audio) == 1 or None)
         for path in files:
             try:
@@ -763,6 +764,21 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                 )
                 return 130
     return 1 if failures else 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM (a supervisor's stop) read as Ctrl-C for the block, so what was heard is kept."""
+    import signal
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _warn_about_input(source, session) -> None:

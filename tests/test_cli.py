@@ -442,22 +442,28 @@ def test_subtitles_of_files_with_one_name_are_refused_not_overwritten(
     )
 
 
-def test_ctrl_c_in_transcribe_keeps_the_subtitles_heard_so_far(
-    monkeypatch, capsys, tmp_path, wav, tiny_bundle_dir
+def _ctrl_c():
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("stop", [_ctrl_c, lambda: os.kill(os.getpid(), signal.SIGTERM)])
+def test_ctrl_c_or_sigterm_in_transcribe_keeps_the_subtitles_heard_so_far(
+    monkeypatch, capsys, tmp_path, wav, tiny_bundle_dir, stop
 ):
     from streamasr import sources
 
     read = sources.FileSource.read
     pieces = iter(range(1000))
 
-    def read_then_interrupt(self, timeout=0.5):  # Ctrl-C once 1.5 s have been read
+    def read_then_stop(self, timeout=0.5):  # stopped once 1.5 s have been read
         if next(pieces) == 15:
-            raise KeyboardInterrupt
+            stop()
         return read(self, timeout)
 
-    monkeypatch.setattr(sources.FileSource, "read", read_then_interrupt)
+    monkeypatch.setattr(sources.FileSource, "read", read_then_stop)
     srt = tmp_path / "talk.srt"
     code, _, err = transcribe(capsys, wav, "--model", tiny_bundle_dir, "--format", "srt", "-o", srt)
     assert code == 130 and err == f"streamasr: interrupted: {wav} kept up to 1.5 s\n"
     cues = srt.read_text().strip().split("\n\n")
     assert cues[0].startswith("1\n00:00:00,") and all(cue.strip() for cue in cues)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
