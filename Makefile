@@ -40,8 +40,9 @@ clean-venv:
 
 # `make results -j 2`: every results/ folder measured again with MODEL, two evaluations at a time on
 # one thread each, longest first, then the README's Results tables. A folder whose summary.json is
-# newer than the weights is kept, so an interrupted run resumes; `make -B results -j 2` measures
-# them all. RESULTS=runs/x MODEL=runs/m writes a candidate's folders and leaves the README alone.
+# newer than the weights is kept and an eval keeps its finished runs, so an interrupted run
+# resumes where it stopped; `make -B results -j 2` measures them all. RESULTS=runs/x MODEL=runs/m
+# writes a candidate's folders and leaves the README alone.
 # Logs: runs/results-logs/. The test audio comes from `bash data/build.sh eval`.
 MODEL := models/base
 RESULTS := results

@@ -945,7 +945,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     )
     _add_room_option(ev)
     ev.add_argument(
-        "--out", type=Path, default=Path("runs/eval"), help="output folder (default runs/eval)"
+        "--out",
+        type=Path,
+        default=Path("runs/eval"),
+        help="output folder (default runs/eval); each finished run is kept there as it ends, so"
+        " the same command, stopped, resumes where it stopped",
     )
     _add_decoder_options(ev)
     ev.set_defaults(func=cmd_eval)
@@ -956,16 +960,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .bundle import DEFAULT_MODEL_DIR
-    from .evaluate import COLUMNS, Playback, evaluate, table_rows, write_outputs
+    from .evaluate import (
+        COLUMNS,
+        PARTIAL_FILE,
+        InstanceLog,
+        Playback,
+        eval_settings,
+        evaluate,
+        table_rows,
+        write_outputs,
+    )
     from .manifest import read_audio_manifest
 
     utterances = read_audio_manifest(args.manifest, args.limit)
     bundle, options = _load_model(args)
     playback = Playback(args.lead_silence_ms, args.room)
-    runs, instances = evaluate(bundle, utterances, args.wait_k, options, playback)
-    model_name = (args.model or DEFAULT_MODEL_DIR).resolve().name
+    model_dir = args.model or DEFAULT_MODEL_DIR
+    settings = eval_settings(model_dir, args.manifest, args.limit, args.wait_k, options, playback)
+    log = InstanceLog(args.out / PARTIAL_FILE, settings)
+    if log.done:
+        print(
+            f"resuming: {len(log.done)} of {len(utterances) * len(args.wait_k)} runs kept"
+            f" in {log.path}",
+            file=sys.stderr,
+        )
+    try:
+        runs, instances = evaluate(bundle, utterances, args.wait_k, options, playback, log)
+    finally:
+        log.close()
+    model_name = model_dir.resolve().name
     decoder = str(options.beam) if bundle.beam_search(options.beam) is not None else "greedy"
     summary = write_outputs(args.out, model_name, options, runs, instances, decoder, playback)
+    log.remove()
     table = Table(
         title=f"{model_name} on {args.manifest} ({len(utterances)} utt, {args.chunk_ms} ms chunks)"
     )

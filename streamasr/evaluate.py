@@ -9,6 +9,7 @@ real-time factor.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import statistics
@@ -353,28 +354,110 @@ def _delay_stats(delays: list[float]) -> dict:
     }
 
 
+PARTIAL_FILE = "instances.partial.jsonl"  # in an eval's --out folder while it runs
+
+
+class InstanceLog:
+    """The instances an eval has finished, each appended and flushed as it completes, so that an
+    eval stopped midway resumes where it stopped. The first line holds the eval's settings: a
+    log of other settings is started afresh, never mixed in."""
+
+    def __init__(self, path: Path, settings: dict):
+        self.path = path
+        self.done: dict[tuple[str, str], Instance] = {}
+        header = json.dumps(settings, sort_keys=True)
+        if path.is_file():
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for line in lines[1:] if lines[:1] == [header] else []:
+                try:
+                    ins = Instance(**json.loads(line))
+                except (json.JSONDecodeError, TypeError):
+                    break  # the line being written when the eval stopped
+                self.done[(ins.id, str(ins.wait_k))] = ins
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "w", encoding="utf-8")  # what was read, without a cut last line
+        self.file.write(header + "\n")
+        for ins in self.done.values():
+            self.add(ins)
+
+    def get(self, utt_id: str, wait_k: int | None) -> Instance | None:
+        return self.done.get((utt_id, "inf" if wait_k is None else str(wait_k)))
+
+    def add(self, ins: Instance) -> None:
+        self.file.write(json.dumps(asdict(ins), ensure_ascii=False) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def remove(self) -> None:
+        """The eval's outputs are written: the log has served."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def eval_settings(
+    model_dir: Path,
+    manifest: Path,
+    limit: int | None,
+    wait_ks: list[int | None],
+    options: SessionOptions,
+    playback: Playback,
+) -> dict:
+    """What an eval's instances depend on: the bytes of the model folder (but its card) and of
+    the manifest, the utterance count, every k, session option and playback setting."""
+
+    def digest(paths: list[Path]) -> str:
+        sha = hashlib.sha256()
+        for path in paths:
+            sha.update(path.name.encode() + path.read_bytes())
+        return sha.hexdigest()
+
+    return {
+        "model": digest(
+            sorted(p for p in model_dir.iterdir() if p.is_file() and p.suffix != ".md")
+        ),
+        "manifest": digest([manifest]),
+        "limit": limit,
+        "wait_ks": ["inf" if k is None else k for k in wait_ks],
+        "options": asdict(options),
+        "playback": asdict(playback),
+    }
+
+
 def evaluate(
     bundle: Bundle,
     utterances: list[Utterance],
     wait_ks: list[int | None],
     options: SessionOptions,
     playback: Playback = Playback(),
+    log: InstanceLog | None = None,
 ) -> tuple[list[dict], list[Instance]]:
     """Every (utterance, k) through a fresh Session with `options` (its wait_k replaced by each
-    k); returns the per-k runs and all instances.
+    k); returns the per-k runs and all instances. With `log`, the instances it holds are taken
+    as they are and each new one is added to it.
 
     Each file, as `playback` gives it, is decoded in full context and its reference words
     aligned once, then streamed once per k.
     """
     per_k: dict[int | None, list[Instance]] = {k: [] for k in wait_ks}
-    with tqdm(total=len(utterances) * len(wait_ks), desc="eval", unit="run") as bar:
+    kept = {} if log is None else log.done
+    with tqdm(
+        total=len(utterances) * len(wait_ks), initial=len(kept), desc="eval", unit="run"
+    ) as bar:
         for utt in utterances:
-            audio = playback.audio(utt)
-            offline = full_context_pass(bundle, audio, utt.text, options.beam)
+            logged = {k: log and log.get(utt.id, k) for k in wait_ks}
+            if not all(logged.values()):
+                audio = playback.audio(utt)
+                offline = full_context_pass(bundle, audio, utt.text, options.beam)
             for k in wait_ks:
-                run = replace(options, wait_k=k)
-                per_k[k].append(run_instance(bundle, utt, audio, run, offline))
-                bar.update(1)
+                ins = logged[k]
+                if ins is None:
+                    ins = run_instance(bundle, utt, audio, replace(options, wait_k=k), offline)
+                    if log is not None:
+                        log.add(ins)
+                    bar.update(1)
+                per_k[k].append(ins)
     runs = [summarize(instances, "inf" if k is None else k) for k, instances in per_k.items()]
     return runs, [ins for instances in per_k.values() for ins in instances]
 

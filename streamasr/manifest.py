@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +54,17 @@ def read_manifest(path: str | Path, limit: int | None = None) -> list[Utterance]
 
 
 def read_audio_manifest(path: str | Path, limit: int | None = None) -> list[Utterance]:
-    """`read_manifest` for the commands that play the audio: at least one utterance, and every
-    audio file present before any work starts."""
+    """`read_manifest` for the commands that play the audio: at least one utterance, ids that
+    name one utterance each (results are kept by id), and every audio file present before any
+    work starts."""
     rows = read_manifest(path, limit)
     if not rows:
         raise ManifestError(f"{path}: no utterances")
+    ids = Counter(u.id for u in rows)
+    if repeated := [id_ for id_, count in ids.items() if count > 1]:
+        raise ManifestError(
+            f"{path}: {len(repeated)} ids name several utterances, first {repeated[0]!r}"
+        )
     missing = [u.audio for u in rows if not u.audio.is_file()]
     if missing:
         raise ManifestError(f"{path}: {len(missing)} audio files missing, first {missing[0]}")

@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from streamasr.cli import build_parser, main
-from streamasr.evaluate import paired_wer_bootstrap, partial_captions
+from streamasr.evaluate import PARTIAL_FILE, paired_wer_bootstrap, partial_captions
 from streamasr.manifest import read_manifest
 from streamasr.metrics import (
     AWARE,
@@ -184,7 +184,14 @@ def test_bad_manifest_is_one_line(tmp_path, capsys, tiny_bundle_dir):
 @pytest.mark.parametrize("command", ["eval", "bench", "tune-lm"])
 @pytest.mark.parametrize(
     "rows, message",
-    [("", "no utterances"), ('{"id": "a", "audio": "gone.wav"}\n', "1 audio files missing")],
+    [
+        ("", "no utterances"),
+        ('{"id": "a", "audio": "gone.wav"}\n', "1 audio files missing"),
+        (
+            '{"id": 7, "audio": "x.wav"}\n{"id": "7", "audio": "y.wav"}\n',
+            "1 ids name several utterances, first '7'",
+        ),
+    ],
 )
 def test_manifests_without_playable_audio_are_one_line(
     tmp_path, capsys, tiny_bundle_dir, command, rows, message
@@ -449,3 +456,44 @@ def test_simuleval_scores_the_exported_logs_as_the_summary_does(
         assert theirs["BLEU"] == pytest.approx(run["bleu"], abs=1e-3)
         for name in metrics:
             assert theirs[name] == pytest.approx(run[name], abs=1e-3), name
+
+
+def test_an_eval_stopped_midway_resumes_where_it_stopped(
+    manifest, tmp_path, tiny_bundle_dir, monkeypatch, capsys
+):
+    """Each finished run is kept as it ends; the same command resumes from them (a cut last line
+    read as unfinished) and writes what an eval never stopped writes; other settings start
+    afresh."""
+    from streamasr import evaluate as evaluation
+
+    argv = ["eval", str(manifest), "--model", str(tiny_bundle_dir), "--wait-k", "1,inf"]
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    assert not (tmp_path / "whole" / PARTIAL_FILE).exists()  # removed once the outputs are written
+    run_instance, runs = evaluation.run_instance, []
+
+    def stop_at_the_fourth(*args):
+        if len(runs) == 3:
+            raise KeyboardInterrupt
+        runs.append(args[1].id)
+        return run_instance(*args)
+
+    monkeypatch.setattr(evaluation, "run_instance", stop_at_the_fourth)
+    out = tmp_path / "stopped"
+    assert main([*argv, "--out", str(out)]) == 130  # Ctrl-C
+    log = out / PARTIAL_FILE
+    assert len(log.read_text().splitlines()) == 1 + 3
+    with open(log, "a") as f:
+        f.write('{"id": "b", "wait_k": "in')  # the line being written when it stopped
+    monkeypatch.setattr(evaluation, "run_instance", run_instance)
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "resuming: 3 of 4 runs kept" in capsys.readouterr().err
+    whole = [json.loads(line) for line in (tmp_path / "whole" / "instances.jsonl").open()]
+    resumed = [json.loads(line) for line in (out / "instances.jsonl").open()]
+    timeless = lambda rows: [{k: v for k, v in r.items() if k != "elapsed_ms"} for r in rows]  # noqa: E731
+    assert timeless(resumed) == timeless(whole)  # elapsed_ms is measured compute time
+    assert not log.exists()
+
+    log.write_text('{"other": "settings"}\n' + (out / "instances.jsonl").read_text())
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "resuming" not in capsys.readouterr().err
