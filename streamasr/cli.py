@@ -831,7 +831,10 @@ def cmd_live(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             closing.callback(signal.signal, sig, signal.signal(sig, stop))  # restored after
         if args.seconds is not None:
-            threading.Timer(args.seconds, source.stop).start()
+            timer = threading.Timer(args.seconds, source.stop)
+            timer.start()
+            closing.callback(timer.join)  # a stream ended sooner leaves no timer to wait for:
+            closing.callback(timer.cancel)  # cancelled, then joined (callbacks run last first)
         also = [kept and kept.events, web and web.publish]
         try:
             if args.format == "jsonl":

@@ -467,3 +467,18 @@ def test_ctrl_c_or_sigterm_in_transcribe_keeps_the_subtitles_heard_so_far(
     cues = srt.read_text().strip().split("\n\n")
     assert cues[0].startswith("1\n00:00:00,") and all(cue.strip() for cue in cues)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+
+
+def test_live_ended_before_its_seconds_leaves_no_timer_behind(
+    monkeypatch, capsys, tone, tiny_bundle_dir
+):
+    import threading
+
+    from streamasr import sources
+
+    monkeypatch.setattr(sources, "MicSource", lambda device: sources.FileSource("mic", audio=tone))
+    assert (
+        main(["live", "--model", str(tiny_bundle_dir), "--format", "jsonl", "--seconds", "3600"])
+        == 0
+    )
+    assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()]
