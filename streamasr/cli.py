@@ -1039,6 +1039,7 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .bundle import DEFAULT_MODEL_DIR, load_bundle
+    from .metrics import corpus_latency
     from .train_cascade import multi30k_pairs, translate_transcripts
 
     pairs = multi30k_pairs(args.multi30k, args.split, args.limit)
@@ -1049,21 +1050,24 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.model or DEFAULT_MODEL_DIR}: this model has no transcript translator"
         )
-    texts, refs = [t for t, _ in pairs], [[r for _, r in pairs]]
+    texts, refs = [t for t, _ in pairs], [r for _, r in pairs]
     search = translation_search(args)
-    print(f"{len(pairs)} {args.split} pairs, reference transcripts")
+    print(f"{len(pairs)} {args.split} pairs, reference transcripts; latency in source words")
     for k in args.wait_k:
         progress = tqdm(texts, desc=f"k={'inf' if k is None else k}", unit="sent", leave=False)
-        hyps = translate_transcripts(
-            bundle.model,
-            progress,
-            bundle.transcript_tokenizer,
-            bundle.de,
-            k,
-            search,
+        timed = translate_transcripts(
+            bundle.model, progress, bundle.transcript_tokenizer, bundle.de, k, search
         )
-        bleu, chrf = sacrebleu.corpus_bleu(hyps, refs), sacrebleu.corpus_chrf(hyps, refs)
-        print(f"{progress.desc}: BLEU {bleu.score:.2f}  chrF {chrf.score:.2f}")
+        hyps = [hyp for hyp, _ in timed]
+        bleu, chrf = sacrebleu.corpus_bleu(hyps, [refs]), sacrebleu.corpus_chrf(hyps, [refs])
+        latency = corpus_latency(
+            [(delays, len(text.split()), ref) for (_, delays), text, ref in zip(timed, texts, refs)]
+        )
+        figures = "  ".join(
+            f"{name} {'-' if latency[name] is None else f'{latency[name]:.{digits}f}'}"
+            for name, digits in (("AL", 2), ("LAAL", 2), ("DAL", 2), ("AP", 3))
+        )
+        print(f"{progress.desc}: BLEU {bleu.score:.2f}  chrF {chrf.score:.2f}  {figures}")
     return 0
 
 

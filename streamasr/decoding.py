@@ -416,12 +416,19 @@ class TranscriptWaitKTranslator(WaitKTranslator):
 def translate_segment(translator: WaitKTranslator, units: list) -> list[int]:
     """Simultaneous translation of a whole segment, given as its source units in order (encoder
     frame blocks (1, C, D) for speech, words for a transcript), read one unit at a time."""
-    state = translator.init_state()
-    for unit in units:
+    return [token for token, _ in translate_segment_timed(translator, units)]
+
+
+def translate_segment_timed(translator: WaitKTranslator, units: list) -> list[tuple[int, int]]:
+    """`translate_segment`'s tokens, each with how many source units had been read when it was
+    written (its delay in units)."""
+    state, timed = translator.init_state(), []
+    for read, unit in enumerate(units, 1):
         state = translator.read(unit, state)
-        _, state = translator.write(state, source_finished=False)
-    _, state = translator.write(state, source_finished=True)
-    return list(state.tokens)
+        new, state = translator.write(state, source_finished=False)
+        timed += [(token, read) for token in new]
+    new, state = translator.write(state, source_finished=True)
+    return timed + [(token, len(units)) for token in new]
 
 
 def speech_units(model: SpeechTranslator, memory: Tensor) -> list[Tensor]:

@@ -30,12 +30,13 @@ from .decoding import (
     DEFAULT_TRANSLATION,
     TranscriptWaitKTranslator,
     TranslationSearch,
-    translate_segment,
+    translate_segment_timed,
 )
 from .evaluate import one_row_per_utterance, read_instances
 from .manifest import read_manifest
 from .model import SpeechTranslator, wait_k_visible_positions
 from .policy import WaitK
+from .session import WordAssembler
 from .text import Tokenizer, normalize_transcript, train_tokenizer
 from .train import TrainConfig, TrainError, _warm_start_files, run_steps
 from .voices import names_reserved_voice
@@ -196,15 +197,22 @@ def translate_transcripts(
     de: Tokenizer,
     wait_k: int | None,
     search: TranslationSearch = DEFAULT_TRANSLATION,
-) -> list[str]:
+) -> list[tuple[str, list[int]]]:
     """The cascade's translations of normalized transcripts, each read word by word under wait-k
-    exactly as a stream's committed words are (`en`: the cascade's source pieces)."""
+    exactly as a stream's committed words are (`en`: the cascade's source pieces): each
+    translation (its words put together as a session's are) with its words' delays, how many
+    source words had been read when the word's last piece was written."""
     policy = WaitK(wait_k, model.cfg.tokens_per_unit)
     translator = TranscriptWaitKTranslator(model, en, policy, de.bos_id, de.eos_id, search)
+    out = []
     with torch.no_grad():
-        return [
-            de.decode(translate_segment(translator, [[w] for w in text.split()])) for text in texts
-        ]
+        for text in texts:
+            words, assembler = [], WordAssembler(de)
+            for token, read in translate_segment_timed(translator, [[w] for w in text.split()]):
+                words += assembler.push(token, read, read)
+            words += assembler.flush()
+            out.append((" ".join(w for w, _ in words), [delay for _, (delay, _) in words]))
+    return out
 
 
 def validate_cascade(
@@ -221,7 +229,8 @@ def validate_cascade(
     model.eval()
     out: dict = {}
     for name, k in (("3", 3), ("inf", None)):
-        hyps = translate_transcripts(model, [text for text, _ in pairs], en, de, k)
+        timed = translate_transcripts(model, [text for text, _ in pairs], en, de, k)
+        hyps = [hyp for hyp, _ in timed]
         out[f"bleu_k{name}{suffix}"] = sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score
         out[f"example_k{name}{suffix}"] = hyps[0]
     model.train()

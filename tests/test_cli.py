@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 import sacrebleu
 import soundfile as sf
+import torch
 from conftest import SENTENCES_DE, SENTENCES_EN
 
 from streamasr.bundle import load_bundle
 from streamasr.cli import main
+from streamasr.decoding import TranscriptWaitKTranslator, translate_segment
+from streamasr.policy import WaitK
+from streamasr.text import normalize_transcript
 from streamasr.train_cascade import translate_transcripts
 
 
@@ -225,14 +229,33 @@ def test_eval_text_scores_the_cascade_on_reference_transcripts(capsys, tmp_path,
     args = ["eval-text", str(tmp_path), "--model", str(tiny_bundle_dir), "--wait-k", "2,inf"]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "4 val pairs, reference transcripts"
+    assert lines[0] == "4 val pairs, reference transcripts; latency in source words"
     bundle = load_bundle(tiny_bundle_dir)
-    hyps = translate_transcripts(
-        bundle.model, SENTENCES_EN[:4], bundle.transcript_tokenizer, bundle.de, 2
+    texts = [normalize_transcript(s) for s in SENTENCES_EN[:4]]
+    timed = translate_transcripts(bundle.model, texts, bundle.transcript_tokenizer, bundle.de, 2)
+    hyps = [hyp for hyp, _ in timed]
+    policy = WaitK(2, bundle.model.cfg.tokens_per_unit)
+    translator = TranscriptWaitKTranslator(
+        bundle.model, bundle.transcript_tokenizer, policy, bundle.de.bos_id, bundle.de.eos_id
     )
+    with torch.no_grad():  # the words put together as a session's are: the pieces' decoding
+        assert hyps == [
+            bundle.de.decode(translate_segment(translator, [[w] for w in t.split()])) for t in texts
+        ]
     bleu = sacrebleu.corpus_bleu(hyps, [SENTENCES_DE[:4]]).score
     assert lines[1].startswith(f"k=2: BLEU {bleu:.2f}")
-    assert lines[2].startswith("k=inf: BLEU")
+    for (hyp, delays), text in zip(timed, texts):  # a word per delay, written after k words read
+        assert len(delays) == len(hyp.split()) and delays == sorted(delays)
+        assert all(min(2, len(text.split())) <= d <= len(text.split()) for d in delays)
+    # k = inf writes every word once the whole sentence is read: AL = the source's length
+    at_inf = translate_transcripts(
+        bundle.model, texts, bundle.transcript_tokenizer, bundle.de, None
+    )
+    with_words = [len(t.split()) for t, (hyp, _) in zip(texts, at_inf) if hyp]
+    assert (
+        lines[2].startswith("k=inf: BLEU")
+        and f"AL {sum(with_words) / len(with_words):.2f}" in lines[2]
+    )
     assert (
         main(["eval-text", str(tmp_path), "--split", "test", "--model", str(tiny_bundle_dir)]) == 2
     )
@@ -387,8 +410,9 @@ def test_live_keeps_its_captions_and_the_audio_it_heard(
     monkeypatch.setattr(sources, "MicSource", lambda device: sources.FileSource("mic", audio=audio))
     kept, heard = tmp_path / "kept.jsonl", tmp_path / "heard.wav"
     args = ["--model", str(tiny_bundle_dir), "--translate", "--format", "jsonl"]
+    before = signal.getsignal(signal.SIGINT)  # ignored when pytest runs in the background
     assert main(["live", *args, "-o", str(kept), "--record", str(heard)]) == 0
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # live restored it
+    assert signal.getsignal(signal.SIGINT) is before  # live restored it
     shown = capsys.readouterr().out
     assert kept.read_text() == shown and any(
         json.loads(line)["text"] for line in shown.splitlines()
