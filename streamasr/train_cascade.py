@@ -241,6 +241,33 @@ def validate_cascade(
 CASCADE_FIELDS = ("transcript_encoder_layers", "transcript_vocab", "cascade_dropout")
 
 
+def _start_cascade(
+    init: Path, work: Path, cascade: dict, sentences: list[str]
+) -> tuple[ModelConfig, bool]:
+    """A new run's config (the init's with `cascade` set) and whether the init's own cascade has
+    its shape (layers and source pieces). The files of the init are copied into `work`; a cascade
+    of a new shape gets its source pieces trained on `sentences`."""
+    base = _warm_start_files(init, work)
+    cfg = dataclasses.replace(base, **cascade, translate_from="transcript")
+    same_shape = bool(base.transcript_encoder_layers) and all(
+        getattr(base, name) == getattr(cfg, name)
+        for name in ("transcript_encoder_layers", "transcript_vocab")
+    )
+    if cfg.transcript_vocab and not same_shape:
+        prefix = work / Path(TRANSCRIPT_TOKENIZER).stem
+        train_tokenizer(sentences, prefix, cfg.transcript_vocab)
+    return cfg, same_shape
+
+
+def _initial_cascade_weights(init: Path, same_shape: bool) -> dict[str, torch.Tensor]:
+    """The init's weights; for a cascade of a new shape, its decoder the speech decoder's."""
+    initial = load_bundle(init).model.state_dict()
+    if same_shape:
+        return initial
+    initial = {k: v for k, v in initial.items() if not k.startswith("transcript_")}
+    return initial | {f"transcript_{k}": v for k, v in initial.items() if k.startswith("decoder.")}
+
+
 def train_cascade(
     corpus: Path | None,
     work: Path,
@@ -261,8 +288,7 @@ def train_cascade(
     pair (a correct transcript is its sentence's pair again)."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
-    ckpt_path = work / "checkpoint.pt"
-    fresh = not ckpt_path.exists()
+    fresh = not (work / "checkpoint.pt").exists()
     if multi30k is not None:
         pairs = multi30k_pairs(multi30k, "train")
         val_pairs = multi30k_pairs(multi30k, "val", tcfg.val_utterances)
@@ -273,15 +299,7 @@ def train_cascade(
     if recognized:
         pairs = with_recognized(sentences, recognized_pairs(recognized))
     if fresh:
-        base = _warm_start_files(init, work)
-        cfg = dataclasses.replace(base, **cascade, translate_from="transcript")
-        same_shape = base.transcript_encoder_layers and all(
-            getattr(base, name) == getattr(cfg, name)
-            for name in ("transcript_encoder_layers", "transcript_vocab")
-        )
-        if cfg.transcript_vocab and not same_shape:
-            prefix = work / Path(TRANSCRIPT_TOKENIZER).stem
-            train_tokenizer((text for text, _ in sentences), prefix, cfg.transcript_vocab)
+        cfg, same_shape = _start_cascade(init, work, cascade, [text for text, _ in sentences])
     else:
         cfg = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
     en = transcript_pieces(work, cfg) or Tokenizer(work / "en.model")  # the source pieces
@@ -301,13 +319,7 @@ def train_cascade(
         ]
     model = SpeechTranslator(cfg)
     if fresh:
-        initial = load_bundle(init).model.state_dict()
-        if not same_shape:  # a new cascade: its decoder starts as the speech one's
-            initial = {k: v for k, v in initial.items() if not k.startswith("transcript_")}
-            initial.update(
-                {f"transcript_{k}": v for k, v in initial.items() if k.startswith("decoder.")}
-            )
-        model.load_state_dict(initial, strict=False)
+        model.load_state_dict(_initial_cascade_weights(init, same_shape), strict=False)
     params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
     log.info(
         "cascade: %.2f M trained parameters; %d sentence pairs; word error rate per sentence "
