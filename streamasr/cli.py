@@ -683,7 +683,6 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
     from .audio import AudioError
     from .outputs import make_writer
-    from .runner import run_stream
     from .session import Session
 
     subtitles = args.format in ("srt", "vtt")
@@ -721,41 +720,17 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                 print(f"streamasr: error: {err}", file=sys.stderr)
                 failures += 1
                 continue
-            out = single
-            if out is None and args.output is not None:
-                args.output.mkdir(parents=True, exist_ok=True)
-                name = f"{Path(source.name).stem}.{args.format}"
-                out = open(args.output / name, "w", encoding="utf-8")
-            writer = make_writer(
-                args.format, out or sys.stdout, args.translate, show_stream=len(args.audio) > 1
-            )
-            session = Session(bundle, options, stream=source.name, clock=args.clock)
-            duration_ms = source.duration_ms or 0  # None from a pipe: no progress bar
-            bar = tqdm(
-                total=round(duration_ms / 1000, 1),
-                unit="s",
-                desc=Path(source.name).name,
-                leave=False,
-                disable=duration_ms < 60_000 or None,
-            )
-
-            write = _fan_out(writer.events, web and web.publish)
-
-            def on_events(events, bar=bar, session=session, write=write):
-                write(events)
-                bar.n = round(session.audio_ms / 1000, 1)
-                bar.refresh()
-
-            interrupted = False
-            try:
-                run_stream(session, source, on_events)
-            except KeyboardInterrupt:  # the open segment is closed: keep what was heard
-                interrupted = True
-            bar.close()
-            _warn_about_input(source, session)
-            writer.end_stream(source.name, session.segments)
-            if out is not None and out is not single:
-                out.close()
+            with contextlib.ExitStack() as its_file:
+                out = single
+                if out is None and args.output is not None:
+                    args.output.mkdir(parents=True, exist_ok=True)
+                    name = f"{Path(source.name).stem}.{args.format}"
+                    out = its_file.enter_context(open(args.output / name, "w", encoding="utf-8"))
+                writer = make_writer(
+                    args.format, out or sys.stdout, args.translate, show_stream=len(args.audio) > 1
+                )
+                session = Session(bundle, options, stream=source.name, clock=args.clock)
+                interrupted = _transcribe_stream(session, source, writer, web)
             if interrupted:
                 print(
                     f"streamasr: interrupted: {source.name} kept up to"
@@ -764,6 +739,40 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                 )
                 return 130
     return 1 if failures else 0
+
+
+def _transcribe_stream(session, source, writer, web) -> bool:
+    """Run one source through its session into `writer` (and the caption page), with a progress
+    bar for a file over a minute long; whether Ctrl-C cut it short (what was heard is written all
+    the same)."""
+    from tqdm import tqdm
+
+    from .runner import run_stream
+
+    duration_ms = source.duration_ms or 0  # None from a pipe: no progress bar
+    bar = tqdm(
+        total=round(duration_ms / 1000, 1),
+        unit="s",
+        desc=Path(source.name).name,
+        leave=False,
+        disable=duration_ms < 60_000 or None,
+    )
+    write = _fan_out(writer.events, web and web.publish)
+
+    def on_events(events):
+        write(events)
+        bar.n = round(session.audio_ms / 1000, 1)
+        bar.refresh()
+
+    interrupted = False
+    try:
+        run_stream(session, source, on_events)
+    except KeyboardInterrupt:  # the open segment is closed: keep what was heard
+        interrupted = True
+    bar.close()
+    _warn_about_input(source, session)
+    writer.end_stream(source.name, session.segments)
+    return interrupted
 
 
 @contextlib.contextmanager
