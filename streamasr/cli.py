@@ -1039,6 +1039,14 @@ def _add_eval_text(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--model", type=Path, help="model folder (default: the shipped models/base)")
     ev.add_argument("--wait-k", type=_wait_k_list, default=[3, None], help="default 3,inf")
     ev.add_argument("--limit", type=_positive_int, help="first N sentence pairs only")
+    ev.add_argument(
+        "--simuleval-logs",
+        type=Path,
+        metavar="DIR",
+        help="also write DIR/k<K>/instances.log and config.yaml for each wait-k, in SimulEval "
+        "1.1.4's text-to-text format (delays in source words): `simuleval --score-only --output "
+        "DIR/k<K>` scores them with its own scorers",
+    )
     add_translation_search_options(ev)
     ev.set_defaults(func=cmd_eval_text)
 
@@ -1048,6 +1056,7 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .bundle import DEFAULT_MODEL_DIR, load_bundle
+    from .evaluate import write_instance_log
     from .metrics import corpus_latency
     from .train_cascade import multi30k_pairs, translate_transcripts
 
@@ -1061,6 +1070,8 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
         )
     texts, refs = [t for t, _ in pairs], [r for _, r in pairs]
     search = translation_search(args)
+    if args.simuleval_logs is not None:  # refused now, not after the first translations
+        args.simuleval_logs.mkdir(parents=True, exist_ok=True)
     print(f"{len(pairs)} {args.split} pairs, reference transcripts; latency in source words")
     for k in args.wait_k:
         progress = tqdm(texts, desc=f"k={'inf' if k is None else k}", unit="sent", leave=False)
@@ -1077,6 +1088,21 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
             for name, digits in (("AL", 2), ("LAAL", 2), ("DAL", 2), ("AP", 3))
         )
         print(f"{progress.desc}: BLEU {bleu.score:.2f}  chrF {chrf.score:.2f}  {figures}")
+        if args.simuleval_logs is not None:
+            instances = [
+                {
+                    "prediction": hyp,
+                    "delays": delays,
+                    "elapsed": delays,  # text in, no computation time measured
+                    "reference": ref,
+                    "source": f"{args.split}:{line}",
+                    "source_length": len(text.split()),
+                }
+                for line, ((hyp, delays), text, ref) in enumerate(zip(timed, texts, refs), 1)
+            ]
+            write_instance_log(
+                args.simuleval_logs / f"k{'inf' if k is None else k}", instances, "text"
+            )
     return 0
 
 

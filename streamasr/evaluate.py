@@ -716,6 +716,24 @@ def translations_by_k(rows: list[dict]) -> dict[str, dict[str, tuple[str, str]]]
     return out
 
 
+def write_instance_log(target: Path, instances: list[dict], source_type: str) -> None:
+    """SimulEval 1.1.4's `instances.log` and `config.yaml` in `target`, for `simuleval
+    --score-only --output target`. Each instance: prediction, delays and elapsed (one per
+    predicted word, in the source's unit: ms of speech or words of text), reference, source (its
+    name) and source_length (in the same unit)."""
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.yaml").write_text(f"source_type: {source_type}\ntarget_type: text\n")
+    with open(target / "instances.log", "w", encoding="utf-8") as f:
+        for index, instance in enumerate(instances):
+            log = {
+                "index": index,
+                **instance,
+                "source": [instance["source"]],
+                "prediction_length": len(instance["prediction"].split()),
+            }
+            f.write(json.dumps(log, ensure_ascii=False) + "\n")
+
+
 def write_simuleval_logs(folder: Path, out: Path) -> dict[str, tuple[Path, int]]:
     """An eval folder's translations as SimulEval 1.1.4 instance logs, one folder per wait-k
     (`out/k<K>/instances.log` and `config.yaml`), for `simuleval --score-only --output DIR` to
@@ -723,27 +741,20 @@ def write_simuleval_logs(folder: Path, out: Path) -> dict[str, tuple[Path, int]]
     by_k: dict[str, list[dict]] = {}
     for row in read_instances(folder):
         if row.get("translation_ref") is not None:
-            by_k.setdefault(str(row["wait_k"]), []).append(row)
-    written = {}
-    for k, rows in by_k.items():
-        target = out / f"k{k}"
-        target.mkdir(parents=True, exist_ok=True)
-        (target / "config.yaml").write_text("source_type: speech\ntarget_type: text\n")
-        with open(target / "instances.log", "w", encoding="utf-8") as f:
-            for index, row in enumerate(rows):
-                prediction = row["translation"] or ""
-                log = {
-                    "index": index,
-                    "prediction": prediction,
+            by_k.setdefault(str(row["wait_k"]), []).append(
+                {
+                    "prediction": row["translation"] or "",
                     "delays": row["delays_ms"],
                     "elapsed": row["elapsed_ms"],
-                    "prediction_length": len(prediction.split()),
                     "reference": row["translation_ref"],
-                    "source": [row["id"]],
+                    "source": row["id"],
                     "source_length": row["source_ms"],
                 }
-                f.write(json.dumps(log, ensure_ascii=False) + "\n")
-        written[k] = (target, len(rows))
+            )
+    written = {}
+    for k, instances in by_k.items():
+        write_instance_log(out / f"k{k}", instances, "speech")
+        written[k] = (out / f"k{k}", len(instances))
     return written
 
 

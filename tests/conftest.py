@@ -148,3 +148,18 @@ def tiny_lm_bundle(tiny_bundle_dir, tmp_path_factory):
     shutil.copytree(tiny_bundle_dir, folder, dirs_exist_ok=True)
     build_transcript_lm(SENTENCES_EN, Tokenizer(folder / "en.model"), folder)
     return load_bundle(folder)
+
+
+def simuleval_scores(folder, metrics: list[str]):
+    """SimulEval 1.1.4's own scores of the instance log in `folder` (`simuleval --score-only
+    --output folder --latency-metrics ...`, its argument parsing and evaluator run in process):
+    a row with BLEU and each metric."""
+    options = pytest.importorskip("simuleval.options")
+    evaluator = pytest.importorskip("simuleval.evaluator.evaluator")
+    parser = options.general_parser()
+    for add in (options.add_evaluator_args, options.add_scorer_args, options.add_dataloader_args):
+        add(parser)
+    args = parser.parse_args(
+        ["--score-only", "--output", str(folder), "--latency-metrics", *metrics]
+    )
+    return evaluator.SentenceLevelEvaluator.from_args(args).results.iloc[0]

@@ -14,7 +14,7 @@ import pytest
 import sacrebleu
 import soundfile as sf
 import torch
-from conftest import SENTENCES_DE, SENTENCES_EN
+from conftest import SENTENCES_DE, SENTENCES_EN, simuleval_scores
 
 from streamasr.bundle import load_bundle
 from streamasr.cli import main
@@ -226,8 +226,9 @@ def test_lm_command_reads_multi30k_text_as_the_corpus_manifest(capsys, tmp_path,
 def test_eval_text_scores_the_cascade_on_reference_transcripts(capsys, tmp_path, tiny_bundle_dir):
     (tmp_path / "val.en").write_text("".join(s + "\n" for s in SENTENCES_EN[:4]))
     (tmp_path / "val.de").write_text("".join(s + "\n" for s in SENTENCES_DE[:4]))
+    logs = tmp_path / "simuleval"
     args = ["eval-text", str(tmp_path), "--model", str(tiny_bundle_dir), "--wait-k", "2,inf"]
-    assert main(args) == 0
+    assert main([*args, "--simuleval-logs", str(logs)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "4 val pairs, reference transcripts; latency in source words"
     bundle = load_bundle(tiny_bundle_dir)
@@ -256,6 +257,13 @@ def test_eval_text_scores_the_cascade_on_reference_transcripts(capsys, tmp_path,
         lines[2].startswith("k=inf: BLEU")
         and f"AL {sum(with_words) / len(with_words):.2f}" in lines[2]
     )
+    # SimulEval's own scorers read the logs as text-to-text and agree with the printed figures
+    for line, k in zip(lines[1:], ("2", "inf")):
+        printed = dict(re.findall(r"(\w+) (\d+\.\d+)", line))
+        theirs = simuleval_scores(logs / f"k{k}", ["AL", "LAAL", "DAL", "AP"])
+        assert theirs["BLEU"] == pytest.approx(float(printed["BLEU"]), abs=0.005)
+        for name in ("AL", "LAAL", "DAL", "AP"):
+            assert theirs[name] == pytest.approx(float(printed[name]), abs=0.005), (k, name)
     assert (
         main(["eval-text", str(tmp_path), "--split", "test", "--model", str(tiny_bundle_dir)]) == 2
     )

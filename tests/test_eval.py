@@ -12,6 +12,7 @@ import jiwer
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import simuleval_scores
 
 from streamasr.cli import build_parser, main
 from streamasr.evaluate import PARTIAL_FILE, paired_wer_bootstrap, partial_captions
@@ -431,8 +432,6 @@ def test_simuleval_scores_the_exported_logs_as_the_summary_does(
 ):
     """`simuleval-logs` writes what `simuleval --score-only` reads (its own argument parsing and
     evaluator, in process), and SimulEval's BLEU and latencies equal the summary's."""
-    options = pytest.importorskip("simuleval.options")
-    evaluator = pytest.importorskip("simuleval.evaluator.evaluator")
     out = tmp_path / "eval"
     argv = ["eval", str(manifest), "--model", str(tiny_bundle_dir), "--wait-k", "1,inf"]
     assert main([*argv, "--out", str(out)]) == 0
@@ -440,19 +439,8 @@ def test_simuleval_scores_the_exported_logs_as_the_summary_does(
     summary = json.loads((out / "summary.json").read_text())
     for run in summary["runs"]:
         assert run["AL"] is not None and run["bleu"] is not None  # words were written
-        parser = options.general_parser()
-        for add in (
-            options.add_evaluator_args,
-            options.add_scorer_args,
-            options.add_dataloader_args,
-        ):
-            add(parser)
         metrics = ["AL", "LAAL", "DAL", "AP", "ATD", "StartOffset", "EndOffset"]
-        folder = tmp_path / "se" / f"k{run['wait_k']}"
-        args = parser.parse_args(
-            ["--score-only", "--output", str(folder), "--latency-metrics", *metrics]
-        )
-        theirs = evaluator.SentenceLevelEvaluator.from_args(args).results.iloc[0]
+        theirs = simuleval_scores(tmp_path / "se" / f"k{run['wait_k']}", metrics)
         assert theirs["BLEU"] == pytest.approx(run["bleu"], abs=1e-3)
         for name in metrics:
             assert theirs[name] == pytest.approx(run[name], abs=1e-3), name
