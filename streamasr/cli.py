@@ -1074,7 +1074,8 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
         args.simuleval_logs.mkdir(parents=True, exist_ok=True)
     print(f"{len(pairs)} {args.split} pairs, reference transcripts; latency in source words")
     for k in args.wait_k:
-        progress = tqdm(texts, desc=f"k={'inf' if k is None else k}", unit="sent", leave=False)
+        k_name = "inf" if k is None else str(k)
+        progress = tqdm(texts, desc=f"k={k_name}", unit="sent", leave=False)
         timed = translate_transcripts(
             bundle.model, progress, bundle.transcript_tokenizer, bundle.de, k, search
         )
@@ -1100,9 +1101,7 @@ def cmd_eval_text(args: argparse.Namespace) -> int:
                 }
                 for line, ((hyp, delays), text, ref) in enumerate(zip(timed, texts, refs), 1)
             ]
-            write_instance_log(
-                args.simuleval_logs / f"k{'inf' if k is None else k}", instances, "text"
-            )
+            write_instance_log(args.simuleval_logs / f"k{k_name}", instances, "text")
     return 0
 
 
