@@ -247,8 +247,14 @@ class WaitKTranslator:
         self.bos_id, self.eos_id = bos_id, eos_id
         self.search = search
 
+    @property
+    def device(self) -> torch.device:
+        """Where the decoder's weights are, and so its inputs are made."""
+        return next(self.decoder.parameters()).device
+
     def init_state(self) -> TranslatorState:
-        return TranslatorState(decoder=self.decoder.init_state(), next_input=self.bos_id)
+        decoder = self.decoder.init_state(device=self.device)
+        return TranslatorState(decoder=decoder, next_input=self.bos_id)
 
     def _extend(self, memory: Tensor, unit_ends: list[int], state: TranslatorState):
         """Project new memory (1, C, D) into the cross caches; record complete units."""
@@ -285,7 +291,7 @@ class WaitKTranslator:
                 break
             visible = self._visible(state, self.policy.units_needed(len(state.tokens)))
             logits, decoder = self.decoder.step(
-                torch.tensor([state.next_input]), state.decoder, visible
+                torch.tensor([state.next_input], device=self.device), state.decoder, visible
             )
             logits[0, self._banned(state.tokens)] = float("-inf")
             if not source_finished:
@@ -312,7 +318,7 @@ class WaitKTranslator:
         beam, prefix, cap = self.search.beam, state.tokens, self._max_tokens(state)
         alive: list[tuple[tuple[int, ...], float]] = [((), 0.0)]  # new tokens, summed log-prob
         ended: list[tuple[float, tuple[int, ...]]] = []  # mean log-prob, new tokens
-        decoder, inputs = state.decoder, torch.tensor([state.next_input])
+        decoder, inputs = state.decoder, torch.tensor([state.next_input], device=self.device)
         while alive and len(ended) < beam:
             written = len(prefix) + len(alive[0][0])
             visible = self._visible(state, self.policy.units_needed(written))
@@ -320,7 +326,8 @@ class WaitKTranslator:
             log_probs = logits.log_softmax(-1)
             for row, (tokens, _) in enumerate(alive):
                 log_probs[row, self._banned(prefix + tokens)] = float("-inf")
-            totals = torch.tensor([score for _, score in alive])[:, None] + log_probs
+            scores = torch.tensor([score for _, score in alive], device=self.device)
+            totals = scores[:, None] + log_probs
             top = totals.flatten().topk(min(2 * beam, totals.numel()))
             next_alive, rows = [], []
             for rank, (total, index) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
@@ -337,8 +344,8 @@ class WaitKTranslator:
                     rows.append(row)
             alive = next_alive
             if alive:
-                decoder = _select_rows(decoder, torch.tensor(rows))
-                inputs = torch.tensor([tokens[-1] for tokens, _ in alive])
+                decoder = _select_rows(decoder, torch.tensor(rows, device=self.device))
+                inputs = torch.tensor([tokens[-1] for tokens, _ in alive], device=self.device)
         score, tokens = max(ended, key=lambda e: e[0])
         return list(tokens), score, replace(state, tokens=prefix + tokens, done=True)
 
@@ -409,7 +416,7 @@ class TranscriptWaitKTranslator(WaitKTranslator):
             return state
         source = list(state.source) + pieces
         ends = [state.memory_read + end for end in ends]
-        memory = self.encoder(torch.tensor([source]))[:, state.memory_read :]
+        memory = self.encoder(torch.tensor([source], device=self.device))[:, state.memory_read :]
         return replace(self._extend(memory, ends, state), source=tuple(source))
 
 

@@ -1,4 +1,4 @@
-"""Training on the CPU: tokenizers, a feature cache, joint CTC + wait-k translation training.
+"""Training (on the CPU, or any torch device): tokenizers, a feature cache, joint CTC + wait-k translation training.
 
 `prepare` turns a corpus folder into everything training reads (sentencepiece models, a
 float16 feature cache, global statistics); `train` runs resumable steps with checkpoints,
@@ -73,6 +73,7 @@ class TrainConfig:
     val_utterances: int = 60  # val utterances used for validation
     seed: int = 0
     threads: int = 2
+    device: str = "cpu"  # torch device the steps run on (features are made on the CPU)
 
 
 @dataclass
@@ -243,6 +244,25 @@ def collate(
     return _pad(feats), lengths, en, _pad(de_in), _pad(de_out)
 
 
+def train_device(name: str) -> torch.device:
+    """The torch device `--device` names, checked to exist here."""
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:  # unknown, or not built or present here
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TrainError(f"--device {name!r}: {reason}") from None
+    return device
+
+
+def to_device(batch: tuple, device: torch.device) -> tuple:
+    """A collated batch (tensors, and lists of them) on `device`."""
+    return tuple(
+        [t.to(device) for t in part] if isinstance(part, list) else part.to(device)
+        for part in batch
+    )
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up, then cosine decay to 5 % of the peak at cfg.steps."""
     if step < cfg.warmup_steps:
@@ -345,12 +365,13 @@ def validate(
     import sacrebleu
 
     model.eval()
+    device = next(model.parameters()).device
     hyps, refs = [], []
     trans: dict[str, list[str]] = {"3": [], "inf": []}
     with torch.no_grad():
         for i, item in enumerate(val.items):
-            x = stats.normalize(val.utterance(i))[None]
-            frames, _ = model.encoder(x, torch.tensor([x.shape[1]]), chunk_frames)
+            x = stats.normalize(val.utterance(i))[None].to(device)
+            frames, _ = model.encoder(x, torch.tensor([x.shape[1]], device=device), chunk_frames)
             hyps.append(en.decode(ctc_greedy_tokens(model.ctc_log_probs(frames)[0])))
             refs.append(item["text"])
             for name, k in (("3", 3), ("inf", None)):
@@ -389,6 +410,7 @@ def train(
     `extra` corpora add their train splits to the training data."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
+    device = train_device(tcfg.device)
     resuming = (work / "checkpoint.pt").exists()
     if init is not None:
         # The init's shape, with lookahead frames added when asked for (they start at zero)
@@ -426,6 +448,7 @@ def train(
             log.info(
                 "the init's lookahead dropped for %d right-context frames", cfg.right_context_frames
             )
+    model.to(device)
     log.info(
         "model: %.2f M parameters; %d train utterances",
         model.num_parameters / 1e6,
@@ -440,10 +463,17 @@ def train(
         k = rng.choice(cfg.wait_k_choices)
         augment = aug if step >= tcfg.augment_from else None
         batch = collate(train_cache, indices, stats, augment, gen, de.bos_id, de.eos_id)
+        batch = to_device(batch, device)
         ctc, mt = loss_on_batch(model, batch, chunk, k or None, tcfg)
         audio_s += int(batch[1].sum()) / 100
         speed = round(audio_s / (time.perf_counter() - t0), 1)
-        record = {"ctc": round(ctc.item(), 4), "mt": round(mt.item(), 4), "audio_s_per_s": speed}
+        # audio trained on since this process began (a resumed run counts afresh), and per second
+        record = {
+            "ctc": round(ctc.item(), 4),
+            "mt": round(mt.item(), 4),
+            "audio_s": round(audio_s, 2),
+            "audio_s_per_s": speed,
+        }
         return tcfg.ctc_weight * ctc + tcfg.mt_weight * mt, record
 
     run_steps(
@@ -479,14 +509,18 @@ def run_steps(
     step, epoch, position = 0, 0, 0
     gen = torch.Generator().manual_seed(tcfg.seed)
     rng = random.Random(tcfg.seed)
+    device = params[0].device
     if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)  # our own file, written below
+        # our own file, written below; its tensors go where the model is
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         step, epoch, position = ckpt["step"], ckpt["epoch"], ckpt["position"]
         gen.set_state(ckpt["torch_gen"])
         rng.setstate(ckpt["py_rng"])
-        torch.set_rng_state(ckpt["torch_rng"])  # dropout draws from the global generator
+        torch.set_rng_state(ckpt["torch_rng"])  # dropout draws from the global generator...
+        if device.type == "cuda" and "cuda_rng" in ckpt:
+            torch.cuda.set_rng_state(ckpt["cuda_rng"], device)  # ...or the device's
         _truncate_log(work / "train_log.jsonl", step)
         log.info("resumed at step %d (epoch %d, batch %d)", step, epoch, position)
     (work / "config.json").write_text(
@@ -561,19 +595,20 @@ def _truncate_log(path: Path, step: int) -> None:
 
 def _save_checkpoint(path: Path, model, opt, step, epoch, position, gen, rng) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "step": step,
-            "epoch": epoch,
-            "position": position,
-            "torch_gen": gen.get_state(),
-            "py_rng": rng.getstate(),
-            "torch_rng": torch.get_rng_state(),
-        },
-        tmp,
-    )
+    ckpt = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "step": step,
+        "epoch": epoch,
+        "position": position,
+        "torch_gen": gen.get_state(),
+        "py_rng": rng.getstate(),
+        "torch_rng": torch.get_rng_state(),
+    }
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        ckpt["cuda_rng"] = torch.cuda.get_rng_state(device)
+    torch.save(ckpt, tmp)
     tmp.replace(path)  # a kill mid-write leaves the previous checkpoint intact
 
 
@@ -583,7 +618,8 @@ def export(work: Path, out: Path) -> Path:
     saved = json.loads((work / "config.json").read_text())
     cfg = ModelConfig.from_json(saved["model"])
     model = SpeechTranslator(cfg)
-    model.load_state_dict(torch.load(work / "checkpoint.pt", weights_only=False)["model"])
+    ckpt = torch.load(work / "checkpoint.pt", map_location="cpu", weights_only=False)
+    model.load_state_dict(ckpt["model"])
     stats = load_file(str(work / "feature_stats.safetensors"))
     bundle = Bundle(
         cfg,

@@ -38,7 +38,7 @@ from .model import SpeechTranslator, wait_k_visible_positions
 from .policy import WaitK
 from .session import WordAssembler
 from .text import Tokenizer, normalize_transcript, train_tokenizer
-from .train import TrainConfig, TrainError, _warm_start_files, run_steps
+from .train import TrainConfig, TrainError, _warm_start_files, run_steps, train_device
 from .voices import names_reserved_voice
 
 log = logging.getLogger(__name__)
@@ -178,12 +178,13 @@ def _pad(seqs: list[list[int]]) -> torch.Tensor:
 def cascade_loss(
     model: SpeechTranslator, items: list[dict], wait_k: int | None, bos: int, eos: int, tcfg
 ) -> torch.Tensor:
-    src = _pad([it["src"] for it in items])
-    de_in = _pad([[bos] + it["tgt"] for it in items])
-    de_out = _pad([it["tgt"] + [eos] for it in items])
+    device = next(model.parameters()).device
+    src = _pad([it["src"] for it in items]).to(device)
+    de_in = _pad([[bos] + it["tgt"] for it in items]).to(device)
+    de_out = _pad([it["tgt"] + [eos] for it in items]).to(device)
     visible = wait_k_visible_positions(
         de_in.shape[1], [it["ends"] for it in items], wait_k, model.cfg.tokens_per_unit
-    )
+    ).to(device)
     logits = model.transcript_decoder(de_in, model.transcript_encoder(src), visible)
     return F.cross_entropy(
         logits.transpose(1, 2), de_out, ignore_index=0, label_smoothing=tcfg.label_smoothing
@@ -288,6 +289,7 @@ def train_cascade(
     pair (a correct transcript is its sentence's pair again)."""
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
+    device = train_device(tcfg.device)
     fresh = not (work / "checkpoint.pt").exists()
     if multi30k is not None:
         pairs = multi30k_pairs(multi30k, "train")
@@ -320,6 +322,7 @@ def train_cascade(
     model = SpeechTranslator(cfg)
     if fresh:
         model.load_state_dict(_initial_cascade_weights(init, same_shape), strict=False)
+    model.to(device)
     params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
     log.info(
         "cascade: %.2f M trained parameters; %d sentence pairs; word error rate per sentence "

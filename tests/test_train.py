@@ -18,7 +18,9 @@ from conftest import SENTENCES_DE, SENTENCES_EN
 
 from streamasr.augment import AugmentConfig, augment_logmel, reverberate
 from streamasr.bundle import ModelFolderError, average_bundles, load_bundle
+from streamasr.cli import main
 from streamasr.config import ModelConfig
+from streamasr.model import SpeechTranslator
 from streamasr.session import Session, SessionOptions
 from streamasr.train import (
     TrainConfig,
@@ -28,8 +30,10 @@ from streamasr.train import (
     export,
     loss_on_batch,
     prepare,
+    to_device,
     train,
     train_chunk_frames,
+    train_device,
 )
 from streamasr.train_cascade import (
     WordNoise,
@@ -518,3 +522,65 @@ def test_recognized_transcripts_join_the_pairs_they_differ_from(tmp_path, caplog
         recognized_pairs([tmp_path / "c"])
     with pytest.raises(TrainError, match="not a `streamasr eval` folder"):
         recognized_pairs([tmp_path])
+
+
+def test_the_device_flag_names_a_device_this_machine_has(tmp_path, tone, capsys):
+    assert train_device("cpu") == torch.device("cpu")
+    with pytest.raises(TrainError, match="--device 'gpu0'"):
+        train_device("gpu0")
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    absent = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    code = main(
+        ["train", "--corpus", str(corpus), "--work", str(tmp_path / "w"), "--device", absent]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and f"--device '{absent}'" in err and "Traceback" not in err
+    assert not (tmp_path / "w" / "checkpoint.pt").exists()
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_a_batch_gives_the_same_loss_and_gradients_on_cuda(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(val_utterances=2)
+    cache, _, stats, _, de = prepare(corpus, tmp_path / "w", TINY, tcfg.val_utterances)
+    batch = collate(cache, list(range(4)), stats, None, torch.Generator(), de.bos_id, de.eos_id)
+    torch.manual_seed(0)
+    model = SpeechTranslator(TINY).eval()  # no dropout: the same computation on both
+    grads = []
+    for device in ("cpu", "cuda"):
+        model.to(device).zero_grad()
+        ctc, mt = loss_on_batch(model, to_device(batch, torch.device(device)), 4, 2, tcfg)
+        (ctc + mt).backward()
+        grads.append([p.grad.detach().cpu().clone() for p in model.parameters()])
+        if device == "cpu":
+            losses = (ctc.item(), mt.item())
+    assert (ctc.item(), mt.item()) == pytest.approx(losses, rel=1e-4)
+    for cpu_grad, cuda_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(cuda_grad, cpu_grad, rtol=1e-3, atol=1e-4)
+
+
+@needs_cuda
+def test_training_on_cuda_validates_and_resumes_on_the_cpu(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(
+        steps=4, batch_frames=900, val_every=2, ckpt_every=1, val_utterances=2, warmup_steps=2,
+        augment_from=2, device="cuda",
+    )  # fmt: skip
+    model = train(corpus, tmp_path / "w", TINY, tcfg, stop_at=2)
+    assert next(model.parameters()).is_cuda
+    resumed = train(corpus, tmp_path / "w", TINY, replace(tcfg, device="cpu"))
+    assert not next(resumed.parameters()).is_cuda
+    log = [
+        json.loads(line) for line in (tmp_path / "w" / "train_log.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and "val" in log[1] and "val" in log[3]
+    assert load_bundle(export(tmp_path / "w", tmp_path / "model")).config == TINY
+    # the cascade trains and validates there too
+    cascade = train_cascade(
+        corpus, tmp_path / "c", tmp_path / "model",
+        replace(tcfg, steps=2, batch_tokens=60), {"transcript_encoder_layers": 1},
+    )  # fmt: skip
+    assert next(cascade.transcript_decoder.parameters()).is_cuda
