@@ -248,9 +248,20 @@ def train_device(name: str) -> torch.device:
     """The torch device `--device` names, checked to exist here."""
     try:
         device = torch.device(name)
+    except RuntimeError:
+        raise TrainError(
+            f"--device {name!r}: not a torch device (cpu, cuda, cuda:1, mps)"
+        ) from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        seen = f"{count} CUDA device{'s' * (count > 1)}" if count else "no CUDA device"
+        raise TrainError(f"--device {name!r}: torch sees {seen} here")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise TrainError(f"--device {name!r}: torch sees no MPS device here")
+    try:
         torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:  # unknown, or not built or present here
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except (RuntimeError, AssertionError) as err:  # a backend this torch was not built with
+        reason = str(err).split(". ")[0].strip() or type(err).__name__
         raise TrainError(f"--device {name!r}: {reason}") from None
     return device
 
