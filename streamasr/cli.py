@@ -1389,6 +1389,88 @@ def cmd_simuleval_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_word_errors(sub: argparse._SubParsersAction) -> None:
+    words = sub.add_parser(
+        "word-errors",
+        help="an eval run's missed words by how often the training text holds them",
+        description="The reference words of an eval folder's transcripts, in bands of how often "
+        "the training text holds each, and the share of them the streamed and the full-context "
+        "transcripts missed (substituted or deleted in the WER alignment); then the words "
+        "missed most.",
+    )
+    words.add_argument("eval_dir", type=Path, help="an eval folder (`streamasr eval --out`)")
+    words.add_argument(
+        "--train-text",
+        type=Path,
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="the training text: manifests (.jsonl) or text files, one sentence a line (e.g. "
+        "../shared/data/multi30k/train.en, whose sentences every training corpus here speaks)",
+    )
+    words.add_argument("--top", type=int, default=15, help="most-missed words listed (default 15)")
+    words.add_argument("--voice", help="only the utterances of this voice (the manifest's name)")
+    words.set_defaults(func=cmd_word_errors)
+
+
+def cmd_word_errors(args: argparse.Namespace) -> int:
+    from .evaluate import FREQUENCY_BANDS, read_instances, training_word_counts, word_errors
+
+    if not (args.eval_dir / "instances.jsonl").is_file():
+        raise UsageError(f"{args.eval_dir}: no instances.jsonl (run `streamasr eval --out` first)")
+    for path in args.train_text:
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file")
+    if args.top < 0:
+        raise UsageError(f"--top {args.top}: give a count >= 0")
+    counts = training_word_counts(args.train_text)
+    rows = read_instances(args.eval_dir)
+    if args.voice is not None:
+        voices = sorted({row.get("voice") or "" for row in rows} - {""})
+        rows = [row for row in rows if row.get("voice") == args.voice]
+        if not rows:
+            raise UsageError(f"--voice {args.voice}: not in {args.eval_dir} ({', '.join(voices)})")
+    streamed, full = word_errors(rows)
+    total = sum(streamed.words.values())
+    if not total:
+        raise UsageError(f"{args.eval_dir}: no reference transcripts")
+    missed = sum(streamed.missed.values())
+    print(
+        f"{total} reference words; {len(counts)} distinct words in the training text; "
+        "missed: substituted or deleted"
+    )
+    print("times in training text | words | share | missed streamed | missed full context "
+          "| share of the streamed misses")  # fmt: skip
+
+    def percent(n: int, of: int) -> str:
+        return f"{100 * n / of:.1f} %" if of else "-"
+
+    for low, high in [*FREQUENCY_BANDS, (0, None)]:
+        if (low, high) == (0, None):
+            name = "all"
+        else:
+            name = f"{low}+" if high is None else f"{low}" if low == high else f"{low}-{high}"
+        words, wrong = streamed.band(counts, low, high)
+        wrong_full = full.band(counts, low, high)[1]
+        print(
+            f"{name:>22} | {words:5d} | {percent(words, total):>7} | {percent(wrong, words):>7} | "
+            f"{percent(wrong_full, words):>7} | {percent(wrong, missed):>7}"
+        )
+    print(f"inserted words: {streamed.inserted} streamed, {full.inserted} full context")
+    if args.top:
+        print(
+            "missed most (streamed): word (times in training text) missed/in reference, "
+            "the word most often read in its place"
+        )
+        for word, n in streamed.missed.most_common(args.top):
+            line = f"  {word} ({counts[word]}) {n}/{streamed.words[word]}"
+            if read_as := streamed.most_read_as(word):
+                heard, times = read_as
+                line += f", as {heard} {times} time{'s' * (times != 1)}"
+            print(line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamasr",
@@ -1406,6 +1488,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_results(sub)
     _add_compare(sub)
     _add_simuleval_logs(sub)
+    _add_word_errors(sub)
     return parser
 
 

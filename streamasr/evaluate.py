@@ -14,7 +14,8 @@ import itertools
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import jiwer
@@ -704,6 +705,69 @@ def transcripts_by_id(rows: list[dict]) -> dict[str, tuple[str, str, str]]:
         for row in one_row_per_utterance(rows)
     }
     return {id_: text for id_, text in texts.items() if text[0]}
+
+
+# Bands of how often a word occurs in the training text: (lowest, highest; None: no bound).
+FREQUENCY_BANDS = ((0, 0), (1, 9), (10, 99), (100, None))
+
+
+@dataclass
+class WordErrors:
+    """Reference words and the ones a transcript missed (substituted or deleted in the WER
+    alignment), by word; what each substituted word was read as; and the words it inserted."""
+
+    words: Counter = field(default_factory=Counter)
+    missed: Counter = field(default_factory=Counter)
+    read_as: Counter = field(default_factory=Counter)  # (reference word, transcript word)
+    inserted: int = 0
+
+    def add(self, ref: str, hyp: str) -> None:
+        words, heard = ref.split(), hyp.split()
+        self.words.update(words)
+        for chunk in jiwer.process_words(ref, hyp).alignments[0]:
+            if chunk.type in ("substitute", "delete"):
+                self.missed.update(words[chunk.ref_start_idx : chunk.ref_end_idx])
+            if chunk.type == "substitute":
+                pairs = zip(
+                    words[chunk.ref_start_idx : chunk.ref_end_idx],
+                    heard[chunk.hyp_start_idx : chunk.hyp_end_idx],
+                )
+                self.read_as.update(pairs)
+            elif chunk.type == "insert":
+                self.inserted += chunk.hyp_end_idx - chunk.hyp_start_idx
+
+    def band(self, counts: Counter, low: int, high: int | None) -> tuple[int, int]:
+        """(reference words, missed ones) among the words the training text holds low..high
+        times."""
+        inside = [w for w in self.words if low <= counts[w] and (high is None or counts[w] <= high)]
+        return sum(self.words[w] for w in inside), sum(self.missed[w] for w in inside)
+
+    def most_read_as(self, word: str) -> tuple[str, int] | None:
+        """The transcript word `word` was most often read as, and how often."""
+        pairs = [(n, heard) for (said, heard), n in self.read_as.items() if said == word]
+        return (max(pairs)[1], max(pairs)[0]) if pairs else None
+
+
+def word_errors(rows: list[dict]) -> tuple[WordErrors, WordErrors]:
+    """The streamed and the full-context transcripts' WordErrors over an eval folder's rows."""
+    streamed, full = WordErrors(), WordErrors()
+    for ref, hyp, offline in transcripts_by_id(rows).values():
+        streamed.add(ref, hyp)
+        full.add(ref, offline)
+    return streamed, full
+
+
+def training_word_counts(paths: list[Path]) -> Counter:
+    """How often each normalized word occurs in training text: manifests (.jsonl, their `text`)
+    or plain text files, one sentence a line."""
+    counts: Counter = Counter()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if path.suffix == ".jsonl":
+                    line = json.loads(line).get("text") or ""
+                counts.update(normalize_transcript(line).split())
+    return counts
 
 
 def translations_by_k(rows: list[dict]) -> dict[str, dict[str, tuple[str, str]]]:

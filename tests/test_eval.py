@@ -316,9 +316,9 @@ def test_tune_beam_reads_each_file_as_the_playback_plays_it(manifest, tiny_bundl
     assert room.describe() == ", in a room of RT60 0.6 s, DRR 0 dB"
 
 
-def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf"), translations=None):
+def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf"), translations=None, full=None):
     """instances.jsonl of an eval run; each translation's words 1 s apart after `1 + 5 - words`
-    s of a 5 s source (ending with it)."""
+    s of a 5 s source (ending with it); the full-context transcripts `full`, or the refs."""
     folder.mkdir()
     with open(folder / "instances.jsonl", "w") as f:
         for k in wait_ks:
@@ -332,7 +332,8 @@ def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf"), translations=Non
                         "source_ms": 5000.0,
                         "delays_ms": [1000.0 * (6 - words + j) for j in range(words)],
                     }
-                f.write(json.dumps({**row, "full_context_transcript": ref}) + "\n")
+                offline = ref if full is None else full[i]
+                f.write(json.dumps({**row, "full_context_transcript": offline}) + "\n")
 
 
 def test_compare_bootstraps_the_wer_difference_over_utterances(tmp_path, capsys):
@@ -366,6 +367,32 @@ def test_compare_refuses_folders_of_other_utterances(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert "did not read the same utterances" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "none")]) == 2
+    assert "no instances.jsonl" in capsys.readouterr().err
+
+
+def test_word_errors_by_how_often_the_training_text_holds_the_word(tmp_path, capsys):
+    refs = ["A man rides a zebra.", "A dog runs"]
+    _eval_folder(
+        tmp_path / "run", ["a man rides the zebra", "a dog runs fast"], refs, wait_ks=(3, 5),
+        full=["a man rides a zebra", "a dog"],
+    )  # fmt: skip
+    (tmp_path / "train.en").write_text("a man rides a horse\nA man walks.\n")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "A dog."}) + "\n")
+    train = [str(tmp_path / "train.en"), str(tmp_path / "train.jsonl")]
+    assert main(["word-errors", str(tmp_path / "run"), "--train-text", *train, "--top", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("8 reference words; 6 distinct words in the training text")
+    # never seen: zebra, runs (deleted in full context); 1-9 times: a a a man rides dog (one
+    # "a" read as "the" when streamed); the same utterances at two wait-k count once
+    assert lines[2].split() == "0 | 2 | 25.0 % | 0.0 % | 50.0 % | 0.0 %".split()
+    assert lines[3].split() == "1-9 | 6 | 75.0 % | 16.7 % | 0.0 % | 100.0 %".split()
+    assert lines[4].split() == "10-99 | 0 | 0.0 % | - | - | 0.0 %".split()
+    assert lines[6].split() == "all | 8 | 100.0 % | 12.5 % | 12.5 % | 100.0 %".split()
+    assert lines[7] == "inserted words: 1 streamed, 0 full context"
+    assert lines[9] == "  a (4) 1/3, as the 1 time"
+    assert main(["word-errors", str(tmp_path / "run"), "--train-text", "nothing.en"]) == 2
+    assert "nothing.en: no such file" in capsys.readouterr().err
+    assert main(["word-errors", str(tmp_path), "--train-text", *train]) == 2
     assert "no instances.jsonl" in capsys.readouterr().err
 
 
