@@ -461,9 +461,10 @@ def train(
             )
     model.to(device)
     log.info(
-        "model: %.2f M parameters; %d train utterances",
+        "model: %.2f M parameters; %d train utterances; on %s",
         model.num_parameters / 1e6,
         len(train_cache.items),
+        torch.cuda.get_device_name(device) if device.type == "cuda" else device,
     )
     lengths = train_cache.lengths()
     audio_s, t0 = 0.0, time.perf_counter()
