@@ -1,4 +1,5 @@
-"""Training (on the CPU, or any torch device): tokenizers, a feature cache, joint CTC + wait-k translation training.
+"""Training on the CPU or any torch device: tokenizers, a feature cache, joint CTC + wait-k
+translation training.
 
 `prepare` turns a corpus folder into everything training reads (sentencepiece models, a
 float16 feature cache, global statistics); `train` runs resumable steps with checkpoints,
