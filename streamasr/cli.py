@@ -1414,7 +1414,12 @@ def _add_word_errors(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_word_errors(args: argparse.Namespace) -> int:
-    from .evaluate import FREQUENCY_BANDS, read_instances, training_word_counts, word_errors
+    from .evaluate import (
+        frequency_band_rows,
+        read_instances,
+        training_word_counts,
+        word_errors,
+    )
 
     if not (args.eval_dir / "instances.jsonl").is_file():
         raise UsageError(f"{args.eval_dir}: no instances.jsonl (run `streamasr eval --out` first)")
@@ -1434,28 +1439,14 @@ def cmd_word_errors(args: argparse.Namespace) -> int:
     total = sum(streamed.words.values())
     if not total:
         raise UsageError(f"{args.eval_dir}: no reference transcripts")
-    missed = sum(streamed.missed.values())
     print(
         f"{total} reference words; {len(counts)} distinct words in the training text; "
         "missed: substituted or deleted"
     )
     print("times in training text | words | share | missed streamed | missed full context "
           "| share of the streamed misses")  # fmt: skip
-
-    def percent(n: int, of: int) -> str:
-        return f"{100 * n / of:.1f} %" if of else "-"
-
-    for low, high in [*FREQUENCY_BANDS, (0, None)]:
-        if (low, high) == (0, None):
-            name = "all"
-        else:
-            name = f"{low}+" if high is None else f"{low}" if low == high else f"{low}-{high}"
-        words, wrong = streamed.band(counts, low, high)
-        wrong_full = full.band(counts, low, high)[1]
-        print(
-            f"{name:>22} | {words:5d} | {percent(words, total):>7} | {percent(wrong, words):>7} | "
-            f"{percent(wrong_full, words):>7} | {percent(wrong, missed):>7}"
-        )
+    for line in frequency_band_rows(streamed, full, counts):
+        print(line)
     print(f"inserted words: {streamed.inserted} streamed, {full.inserted} full context")
     if args.top:
         print(

@@ -757,6 +757,30 @@ def word_errors(rows: list[dict]) -> tuple[WordErrors, WordErrors]:
     return streamed, full
 
 
+def frequency_band_rows(streamed: WordErrors, full: WordErrors, counts: Counter) -> list[str]:
+    """`word-errors` table rows: per band of training-text frequency (then all words), the
+    reference words, their share, the share missed streamed and in full context, and the band's
+    share of the streamed misses."""
+
+    def percent(n: int, of: int) -> str:
+        return f"{100 * n / of:.1f} %" if of else "-"
+
+    total, missed = sum(streamed.words.values()), sum(streamed.missed.values())
+    rows = []
+    for low, high in [*FREQUENCY_BANDS, (0, None)]:
+        if (low, high) == (0, None):
+            name = "all"
+        else:
+            name = f"{low}+" if high is None else f"{low}" if low == high else f"{low}-{high}"
+        words, wrong = streamed.band(counts, low, high)
+        wrong_full = full.band(counts, low, high)[1]
+        rows.append(
+            f"{name:>22} | {words:5d} | {percent(words, total):>7} | {percent(wrong, words):>7} | "
+            f"{percent(wrong_full, words):>7} | {percent(wrong, missed):>7}"
+        )
+    return rows
+
+
 def training_word_counts(paths: list[Path]) -> Counter:
     """How often each normalized word occurs in training text: manifests (.jsonl, their `text`)
     or plain text files, one sentence a line."""
