@@ -29,7 +29,7 @@ from .audio import in_room, load_audio, ms_to_samples
 from .bundle import Bundle
 from .decoding import BeamOptions, CtcBeamSearch, TranslationSearch, ctc_greedy_tokens
 from .features import LogMel
-from .manifest import Utterance
+from .manifest import Utterance, read_manifest
 from .metrics import corpus_latency, instance_latency
 from .runner import run_stream
 from .session import Event, Session, SessionOptions
@@ -786,11 +786,12 @@ def training_word_counts(paths: list[Path]) -> Counter:
     or plain text files, one sentence a line."""
     counts: Counter = Counter()
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if path.suffix == ".jsonl":
-                    line = json.loads(line).get("text") or ""
-                counts.update(normalize_transcript(line).split())
+        if path.suffix == ".jsonl":
+            texts = [utterance.text or "" for utterance in read_manifest(path)]
+        else:
+            texts = path.read_text(encoding="utf-8").splitlines()
+        for text in texts:
+            counts.update(normalize_transcript(text).split())
     return counts
 
 

@@ -377,7 +377,8 @@ def test_word_errors_by_how_often_the_training_text_holds_the_word(tmp_path, cap
         full=["a man rides a zebra", "a dog"],
     )  # fmt: skip
     (tmp_path / "train.en").write_text("a man rides a horse\nA man walks.\n")
-    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "A dog."}) + "\n")
+    row = {"id": "t0", "audio": "t0.wav", "text": "A dog."}
+    (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
     train = [str(tmp_path / "train.en"), str(tmp_path / "train.jsonl")]
     assert main(["word-errors", str(tmp_path / "run"), "--train-text", *train, "--top", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
