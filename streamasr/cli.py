@@ -1290,6 +1290,11 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     cmp.set_defaults(func=cmd_compare)
 
 
+def _require_eval_folder(folder: Path) -> None:
+    if not (folder / "instances.jsonl").is_file():
+        raise UsageError(f"{folder}: no instances.jsonl (run `streamasr eval --out` first)")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from .evaluate import (
         paired_bleu_bootstrap,
@@ -1303,8 +1308,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: must be at least 1")
     for folder in (args.a, args.b):
-        if not (folder / "instances.jsonl").is_file():
-            raise UsageError(f"{folder}: no instances.jsonl (run `streamasr eval --out` first)")
+        _require_eval_folder(folder)
     rows_a, rows_b = read_instances(args.a), read_instances(args.b)
     a, b = transcripts_by_id(rows_a), transcripts_by_id(rows_b)
     if not a or a.keys() != b.keys():
@@ -1377,8 +1381,7 @@ def _add_simuleval_logs(sub: argparse._SubParsersAction) -> None:
 def cmd_simuleval_logs(args: argparse.Namespace) -> int:
     from .evaluate import write_simuleval_logs
 
-    if not (args.eval_dir / "instances.jsonl").is_file():
-        raise UsageError(f"{args.eval_dir}: no instances.jsonl (run `streamasr eval --out` first)")
+    _require_eval_folder(args.eval_dir)
     written = write_simuleval_logs(args.eval_dir, args.out)
     if not written:
         raise UsageError(f"{args.eval_dir}: no reference translations, nothing for SimulEval")
@@ -1421,8 +1424,7 @@ def cmd_word_errors(args: argparse.Namespace) -> int:
         word_errors,
     )
 
-    if not (args.eval_dir / "instances.jsonl").is_file():
-        raise UsageError(f"{args.eval_dir}: no instances.jsonl (run `streamasr eval --out` first)")
+    _require_eval_folder(args.eval_dir)
     for path in args.train_text:
         if not path.is_file():
             raise UsageError(f"{path}: no such file")
