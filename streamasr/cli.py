@@ -1417,12 +1417,7 @@ def _add_word_errors(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_word_errors(args: argparse.Namespace) -> int:
-    from .evaluate import (
-        frequency_band_rows,
-        read_instances,
-        training_word_counts,
-        word_errors,
-    )
+    from .evaluate import frequency_band_rows, read_instances, training_word_counts, word_errors
 
     _require_eval_folder(args.eval_dir)
     for path in args.train_text:
