@@ -745,7 +745,10 @@ class WordErrors:
     def most_read_as(self, word: str) -> tuple[str, int] | None:
         """The transcript word `word` was most often read as, and how often."""
         pairs = [(n, heard) for (said, heard), n in self.read_as.items() if said == word]
-        return (max(pairs)[1], max(pairs)[0]) if pairs else None
+        if not pairs:
+            return None
+        n, heard = max(pairs)
+        return heard, n
 
 
 def word_errors(rows: list[dict]) -> tuple[WordErrors, WordErrors]:
