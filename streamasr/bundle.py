@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import filecmp
 import shutil
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -20,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from .config import ModelConfig
 from .decoding import BeamOptions, CtcBeamSearch, WordLM
 from .features import FeatureStats
-from .lm import LEXICON_FILE, LM_FILE
+from .lm import LEXICON_FILE, LM_FILE, boost_arpa, spell
 from .model import SpeechTranslator
 from .text import Tokenizer
 
@@ -59,8 +60,37 @@ class Bundle:
     def word_lm(self) -> WordLM:
         if self.lm_folder is None:
             raise ModelFolderError("this model folder has no word LM (lm.arpa, lexicon.txt)")
-        tokens = [self.en.sp.id_to_piece(i) for i in range(len(self.en))]
-        return WordLM(self.lm_folder / LEXICON_FILE, self.lm_folder / LM_FILE, tokens)
+        return WordLM(self.lm_folder / LEXICON_FILE, self.lm_folder / LM_FILE, self._pieces)
+
+    @property
+    def _pieces(self) -> list[str]:
+        return [self.en.sp.id_to_piece(i) for i in range(len(self.en))]
+
+    def boost_words(self, boost: Mapping[str, float]) -> list[str]:
+        """Make the transcript search favour these words, each by its bonus (log10 of LM
+        probability, in every context; `boost_arpa`), and know those the lexicon lacks. Returns
+        the words the transcript pieces cannot spell, which are left out."""
+        if self.lm_folder is None:
+            raise ModelFolderError("this model folder has no word LM (lm.arpa, lexicon.txt)")
+        spellings = {word: spell(word, self.en) for word in boost}
+        unspelled = [word for word, pieces in spellings.items() if pieces is None]
+        known = {
+            line.split("\t", 1)[0] for line in open(self.lm_folder / LEXICON_FILE, encoding="utf-8")
+        }
+        with tempfile.TemporaryDirectory() as tmp:  # KenLM reads the whole file at once
+            lexicon, arpa = Path(tmp) / LEXICON_FILE, Path(tmp) / LM_FILE
+            shutil.copyfile(self.lm_folder / LEXICON_FILE, lexicon)
+            with open(lexicon, "a", encoding="utf-8") as f:
+                for word, pieces in spellings.items():
+                    if pieces is not None and word not in known:
+                        f.write(f"{word}\t{' '.join(pieces)}\n")
+            boost_arpa(
+                self.lm_folder / LM_FILE,
+                arpa,
+                {word: bonus for word, bonus in boost.items() if spellings[word] is not None},
+            )
+            self.word_lm = WordLM(lexicon, arpa, self._pieces)
+        return unspelled
 
     def beam_search(self, options: BeamOptions | None) -> CtcBeamSearch | None:
         """A transcript beam search, or None for greedy CTC (no options, or no word LM)."""

@@ -278,10 +278,19 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     lm = sub.add_parser(
         "lm", help="add a word LM of the training transcripts to a model folder (beam search)"
     )
-    source = lm.add_mutually_exclusive_group(required=True)
+    source = lm.add_mutually_exclusive_group()
     source.add_argument("--corpus", type=Path, help="corpus folder (train.jsonl)")
     source.add_argument(
         "--multi30k", type=Path, help="or a Multi30k folder (train.en): the same sentences"
+    )
+    lm.add_argument(
+        "--text",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also your own text, a sentence per line: its words become recognizable and its"
+        " phrasing likely (repeatable; a file named twice counts twice)",
     )
     lm.add_argument("--model", type=Path, required=True, help="model folder to add it to")
     lm.add_argument("--order", type=_positive_int, default=3, help="n-gram order (default 3)")
@@ -343,19 +352,31 @@ def cmd_lm(args: argparse.Namespace) -> int:
 
     if not (args.model / "en.model").is_file():
         raise UsageError(f"{args.model}: no en.model (not a model folder)")
-    texts = _lm_texts(args)
+    if args.corpus is None and args.multi30k is None and not args.text:
+        raise UsageError("lm needs --corpus DIR, --multi30k DIR or --text FILE")
+    texts = _lm_texts(args) if args.corpus or args.multi30k else []
+    own = [line for path in args.text for line in _read_text_lines(path)]
+    texts += own
     try:
         prior = english_word_frequencies(args.open_vocab) if args.open_vocab else None
     except ImportError as err:
         raise UsageError(f"{err} (or --open-vocab 0)") from None
     en = Tokenizer(args.model / "en.model")
-    sizes, words = build_transcript_lm(texts, en, args.model, args.order, prior)
+    sizes, words, unspelled = build_transcript_lm(texts, en, args.model, args.order, prior)
     counts = ", ".join(f"{count} {n}-grams" for n, count in sizes.items())
     print(
         f"wrote {args.model / LM_FILE} ({counts} from {len(texts)} sentences"
+        f"{f', {len(own)} of them from --text' if args.text else ''}"
         f"{f' and {len(prior)} common English words' if prior else ''}), "
         f"{LEXICON_FILE} ({words} words)"
     )
+    if unspelled:
+        shown = ", ".join(unspelled[:10]) + (", ..." if len(unspelled) > 10 else "")
+        print(
+            f"warning: en.model's pieces cannot spell these words, so they will not be"
+            f" recognized ({len(unspelled)}): {shown}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -373,6 +394,17 @@ def _lm_texts(args: argparse.Namespace) -> list[str]:
     if not manifest.is_file():
         raise UsageError(f"{args.corpus}: no train.jsonl (build it with `streamasr data build`)")
     return [row.text for row in read_manifest(manifest) if row.text]
+
+
+def _read_text_lines(path: Path) -> list[str]:
+    """A plain text file's non-empty lines (`lm --text`)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise UsageError(f"{path}: not a UTF-8 text file") from None
+    return [line.strip() for line in lines if line.strip()]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -439,6 +471,7 @@ def _wait_k(text: str) -> int | None:
 def _add_decoder_options(p: argparse.ArgumentParser) -> None:
     from .config import TRANSLATION_SOURCES
     from .decoding import DEFAULT_BEAM as default
+    from .lm import WORD_BOOST
     from .session import SessionOptions
 
     p.add_argument(
@@ -467,6 +500,14 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
         default=default.token_beam or 0,
         help="try only this many of a frame's most likely pieces (faster); 0: every piece"
         f" (default {default.token_beam or 0})",
+    )
+    p.add_argument(
+        "--words",
+        type=Path,
+        metavar="FILE",
+        help="words to favour (names, terms), a word or phrase per line, optionally followed by"
+        " its bonus in log10 LM probability (default"
+        f" {WORD_BOOST:g}); words the LM lacks are added. Needs the beam search",
     )
     p.add_argument(
         "--commit-ms",
@@ -656,6 +697,8 @@ def _load_model(args: argparse.Namespace, **options):
         bundle.config.chunk_frames(args.chunk_ms)
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
+    if args.words is not None:
+        _boost_words(bundle, args)
     return bundle, SessionOptions(
         chunk_ms=args.chunk_ms,
         translate_from=_translate_from(args, bundle),
@@ -665,6 +708,29 @@ def _load_model(args: argparse.Namespace, **options):
         sound_margin_db=args.sound_margin_db,
         **options,
     )
+
+
+def _boost_words(bundle, args: argparse.Namespace) -> None:
+    """`--words FILE`: the transcript search favours the file's words."""
+    from .lm import read_word_boosts
+
+    if args.decoder == "greedy" or not bundle.has_lm:
+        raise UsageError("--words needs the beam search (a model folder with a word LM)")
+    try:
+        boost = read_word_boosts(args.words)
+    except FileNotFoundError:
+        raise UsageError(f"{args.words}: no such file") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise UsageError(f"{args.words}: not a UTF-8 text file") from None
+    except ValueError as err:
+        raise UsageError(f"{args.words}: {err}") from None
+    unspelled = bundle.boost_words(boost)
+    if unspelled:
+        print(
+            f"warning: {args.words}: the model's pieces cannot spell these words, so they will"
+            f" not be recognized: {', '.join(unspelled)}",
+            file=sys.stderr,
+        )
 
 
 def _open_source(path: Path, clock: str):
@@ -1005,6 +1071,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         log.close()
     model_name = model_dir.resolve().name
     decoder = str(options.beam) if bundle.beam_search(options.beam) is not None else "greedy"
+    if args.words is not None:
+        decoder += f" --words {args.words}"
     summary = write_outputs(args.out, model_name, options, runs, instances, decoder, playback)
     log.remove()
     table = Table(

@@ -21,6 +21,7 @@ from pathlib import Path
 from .text import Tokenizer, normalize_transcript
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+WORD_BOOST = 8.0  # `--words`' default bonus, log10 of LM probability (README, Use)
 _LETTERS = re.compile(r"[a-z]+(?:'[a-z]+)?")
 Ngram = tuple[str, ...]
 
@@ -163,16 +164,81 @@ def build_transcript_lm(
 ) -> tuple[dict[int, int], int]:
     """The model folder's word LM of normalized transcripts and its lexicon (each LM word
     spelled in the transcript tokenizer's pieces); `prior`: general word frequencies that open
-    the vocabulary (`build_arpa`). Returns the n-gram counts per order and the lexicon's size."""
+    the vocabulary (`build_arpa`). Returns the n-gram counts per order, the lexicon's size and
+    the words it lacks because the pieces cannot spell them (characters the tokenizer never saw;
+    the LM keeps them, the search never reaches them)."""
     sentences = [normalize_transcript(text).split() for text in texts]
     prior = {w: f for w, f in (prior or {}).items() if normalize_transcript(w) == w and w}
     sizes = build_arpa(sentences, folder / LM_FILE, order, prior)
     words = sorted({w for s in sentences for w in s} | set(prior))
-    spelled = 0
+    spelled, unspelled = 0, []
     with open(folder / LEXICON_FILE, "w", encoding="utf-8") as f:
         for word in words:
-            pieces = en.sp.encode(word, out_type=str)
-            if en.sp.unk_id() not in en.sp.piece_to_id(pieces):
+            pieces = spell(word, en)
+            if pieces is None:
+                unspelled.append(word)
+            else:
                 f.write(f"{word}\t{' '.join(pieces)}\n")
                 spelled += 1
-    return sizes, spelled
+    return sizes, spelled, unspelled
+
+
+def spell(word: str, en: Tokenizer) -> list[str] | None:
+    """A word in the transcript tokenizer's pieces (a lexicon entry); None if a piece is unknown."""
+    pieces = en.sp.encode(word, out_type=str)
+    return None if en.sp.unk_id() in en.sp.piece_to_id(pieces) else pieces
+
+
+def boost_arpa(src: str | Path, dst: str | Path, boost: Mapping[str, float]) -> None:
+    """Copy an ARPA LM with `boost[w]` (log10) added to w's probability in every context: to each
+    n-gram that ends in w, and so to every back-off path, which ends in w's unigram. A word the
+    LM lacks enters as a unigram as likely as its rarest word, before the boost. Probabilities
+    stay at most 1 (KenLM refuses more) and are not renormalized: the boost is a bonus in the
+    search, as word boosting is in other CTC decoders."""
+    lines = Path(src).read_text(encoding="utf-8").splitlines()
+    if "\\1-grams:" not in lines:
+        raise ValueError(f"{src}: no \\1-grams: section (not an ARPA file)")
+    start = lines.index("\\1-grams:") + 1
+    unigrams = [line.split("\t") for line in lines[start : lines.index("", start)]]
+    known = {fields[1] for fields in unigrams}
+    rarest = min(float(fields[0]) for fields in unigrams if fields[1] not in (BOS, UNK))
+    new = [word for word in boost if word not in known]
+
+    def boosted(line: str) -> str:
+        fields = line.split("\t")
+        word = fields[1].rsplit(" ", 1)[-1] if len(fields) > 1 else None
+        if word not in boost:
+            return line
+        return "\t".join([f"{min(0.0, float(fields[0]) + boost[word]):.6f}", *fields[1:]])
+
+    out = []
+    for i, line in enumerate(lines):
+        if line.startswith("ngram 1="):
+            line = f"ngram 1={int(line.split('=')[1]) + len(new)}"
+        if i == start:
+            out += [f"{min(0.0, rarest + boost[word]):.6f}\t{word}\t0" for word in new]
+        out.append(boosted(line))
+    Path(dst).write_text("\n".join(out) + "\n", encoding="utf-8")
+
+
+def read_word_boosts(path: str | Path) -> dict[str, float]:
+    """`--words FILE`: a word or phrase per line, optionally followed by its bonus (log10 of LM
+    probability, default WORD_BOOST); blank lines and lines from # on are skipped. Words are
+    normalized as transcripts are; a word named twice keeps its last bonus."""
+    boost = {}
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        bonus = WORD_BOOST
+        if len(fields) > 1:
+            try:
+                bonus = float(fields[-1])
+                fields = fields[:-1]
+            except ValueError:
+                pass
+        if not math.isfinite(bonus):
+            raise ValueError(f"line {number}: the bonus must be a finite number")
+        for word in normalize_transcript(" ".join(fields)).split():
+            boost[word] = bonus
+    if not boost:
+        raise ValueError("no words in it")
+    return boost

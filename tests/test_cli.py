@@ -180,6 +180,32 @@ def test_lm_command_adds_a_word_lm_that_transcribe_uses(capsys, tmp_path, wav, c
     assert "no train.jsonl" in capsys.readouterr().err
 
 
+def test_words_flag_favours_a_file_of_words_or_says_why_it_cannot(
+    capsys, tmp_path, wav, corpus_and_model
+):
+    corpus, model = corpus_and_model
+    words = tmp_path / "words.txt"
+    words.write_text("meadow 3\nquokka\n")
+    code, _, err = transcribe(capsys, wav, "--model", model, "--words", words)
+    assert code == 2 and "--words needs the beam search" in err  # no word LM yet
+    assert main(["lm", "--corpus", str(corpus), "--model", str(model), "--open-vocab", "0"]) == 0
+    code, out, err = transcribe(
+        capsys, wav, "--model", model, "--words", words, "--format", "jsonl"
+    )
+    assert code == 0 and out
+    assert "cannot spell these words, so they will not be recognized: quokka" in err
+    code, _, err = transcribe(
+        capsys, wav, "--model", model, "--words", words, "--decoder", "greedy"
+    )
+    assert code == 2 and "--words needs the beam search" in err
+    for path, message in ((tmp_path / "none.txt", "no such file"), (tmp_path, "not a UTF-8")):
+        code, _, err = transcribe(capsys, wav, "--model", model, "--words", path)
+        assert code == 2 and message in err and len(err.splitlines()) == 1
+    words.write_text("\n")
+    code, _, err = transcribe(capsys, wav, "--model", model, "--words", words)
+    assert code == 2 and "words.txt: no words in it" in err
+
+
 def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
     corpus, model = corpus_and_model
     manifest = str(corpus / "train.jsonl")

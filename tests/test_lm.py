@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from streamasr.decoding import BLANK, BeamOptions
-from streamasr.lm import build_arpa
+from streamasr.lm import WORD_BOOST, boost_arpa, build_arpa, read_word_boosts
 
 SENTENCES = [s.split() for s in ["a dog runs", "a dog sits", "the dog runs fast", "a cat sits"]]
 
@@ -76,6 +76,36 @@ def test_a_prior_opens_the_vocabulary_by_frequency(tmp_path):
         assert seen == sorted(seen, key=lambda w: log10_prob(closed, closed_vocab, context, w))
 
 
+def test_a_boost_raises_a_word_in_every_context_and_adds_one_the_lm_lacks(tmp_path):
+    build_arpa(SENTENCES, tmp_path / "lm.arpa", 3)
+    boost_arpa(tmp_path / "lm.arpa", tmp_path / "boosted.arpa", {"sits": 0.1, "zebra": 0.5})
+    seen = sorted({w for s in SENTENCES for w in s}) + ["</s>"]
+    lm, vocab = kenlm(tmp_path / "lm.arpa", seen)
+    boosted, boosted_vocab = kenlm(tmp_path / "boosted.arpa", [*seen, "zebra", "<unk>"])
+    contexts = ([], ["a"], ["a", "dog"], ["the", "dog"], ["a", "cat"], ["dog", "sits"], ["cat"])
+    for context in contexts:
+        for word in seen:
+            before = log10_prob(lm, vocab, context, word)
+            after = log10_prob(boosted, boosted_vocab, context, word)
+            assert before + 0.1 <= 0  # no probability was capped at 1
+            assert after == pytest.approx(before + (0.1 if word == "sits" else 0), abs=1e-5)
+    rarest = min(log10_prob(lm, vocab, [], w) for w in seen)
+    zebra = log10_prob(boosted, boosted_vocab, [], "zebra")
+    assert zebra == pytest.approx(rarest + 0.5, abs=1e-5)
+    assert zebra > log10_prob(boosted, boosted_vocab, [], "<unk>")
+    boost_arpa(tmp_path / "lm.arpa", tmp_path / "capped.arpa", {"sits": 5.0})  # KenLM loads it
+    capped, capped_vocab = kenlm(tmp_path / "capped.arpa", seen)
+    assert log10_prob(capped, capped_vocab, ["a", "cat"], "sits") == 0.0
+    (tmp_path / "words.txt").write_text("# names\nZebra 0.5\nsits  # a verb\nNew-York -1\n\n")
+    assert read_word_boosts(tmp_path / "words.txt") == {
+        "zebra": 0.5, "sits": WORD_BOOST, "new": -1.0, "york": -1.0
+    }  # fmt: skip
+    for text, message in (("# nothing\n", "no words"), ("zebra inf\n", "line 1: the bonus")):
+        (tmp_path / "words.txt").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            read_word_boosts(tmp_path / "words.txt")
+
+
 def test_an_open_vocabulary_recognizes_a_word_the_transcripts_lack(tiny_bundle_dir, tmp_path):
     import shutil
 
@@ -97,6 +127,55 @@ def test_an_open_vocabulary_recognizes_a_word_the_transcripts_lack(tiny_bundle_d
         decoded[bool(prior)] = search.decode(spelled(bundle, words, noise=1.0, seed=0))
     assert decoded[True] == words
     assert "meadow" not in decoded[False]
+
+
+def test_lm_text_adds_your_own_words_and_names_those_it_cannot_spell(
+    tiny_bundle_dir, tmp_path, capsys
+):
+    import shutil
+
+    from conftest import SENTENCES_EN
+
+    from streamasr.bundle import load_bundle
+    from streamasr.cli import main
+
+    sentences, own = tmp_path / "train.txt", tmp_path / "own.txt"
+    sentences.write_text("".join(s + "\n" for s in SENTENCES_EN))
+    own.write_text("A black dog runs across the green meadow.\n\nquokka\n")
+    words = "a black dog runs across the green meadow".split()
+    decoded = {}
+    for texts in ([sentences], [sentences, own]):
+        folder = tmp_path / str(len(texts))
+        shutil.copytree(tiny_bundle_dir, folder)
+        flags = [arg for path in texts for arg in ("--text", str(path))]
+        assert main(["lm", *flags, "--model", str(folder), "--open-vocab", "0"]) == 0
+        bundle = load_bundle(folder)
+        search = bundle.beam_search(BeamOptions(beam_size=8, token_beam=None))
+        decoded[len(texts)] = search.decode(spelled(bundle, words, noise=1.0, seed=0))
+    assert "meadow" not in decoded[1]
+    assert decoded[2] == words
+    out, err = capsys.readouterr()
+    assert f"from {len(SENTENCES_EN) + 2} sentences, {len(SENTENCES_EN) + 2} of them from" in out
+    assert "pieces cannot spell these words, so they will not be recognized (1): quokka" in err
+    assert main(["lm", "--model", str(folder)]) == 2
+    assert "lm needs --corpus DIR, --multi30k DIR or --text FILE" in capsys.readouterr().err
+    assert main(["lm", "--text", str(tmp_path / "nowhere.txt"), "--model", str(folder)]) == 2
+    assert "nowhere.txt: no such file" in capsys.readouterr().err
+
+
+def test_boosted_words_are_recognized_where_the_lm_lacked_them(tiny_lm_bundle):
+    from streamasr.bundle import load_bundle
+
+    words = "a black dog runs across the green meadow".split()
+    folder = tiny_lm_bundle.lm_folder
+    arpa = (folder / "lm.arpa").read_bytes()
+    bundle = load_bundle(folder)  # its own copy: the fixture's is shared
+    options = BeamOptions(beam_size=8, token_beam=None)
+    log_probs = spelled(bundle, words, noise=1.0, seed=0)
+    assert "meadow" not in bundle.beam_search(options).decode(log_probs)
+    assert bundle.boost_words({"meadow": 1.0, "quokka": 1.0}) == ["quokka"]  # no q piece
+    assert bundle.beam_search(options).decode(log_probs) == words
+    assert (folder / "lm.arpa").read_bytes() == arpa  # the model folder stays as it was
 
 
 def spelled(bundle, words: list[str], noise: float, seed: int) -> torch.Tensor:
