@@ -355,7 +355,8 @@ def cmd_lm(args: argparse.Namespace) -> int:
     if args.corpus is None and args.multi30k is None and not args.text:
         raise UsageError("lm needs --corpus DIR, --multi30k DIR or --text FILE")
     texts = _lm_texts(args) if args.corpus or args.multi30k else []
-    own = [line for path in args.text for line in _read_text_lines(path)]
+    own = [line.strip() for path in args.text for line in _user_text(path).splitlines()]
+    own = [line for line in own if line]
     texts += own
     try:
         prior = english_word_frequencies(args.open_vocab) if args.open_vocab else None
@@ -396,15 +397,14 @@ def _lm_texts(args: argparse.Namespace) -> list[str]:
     return [row.text for row in read_manifest(manifest) if row.text]
 
 
-def _read_text_lines(path: Path) -> list[str]:
-    """A plain text file's non-empty lines (`lm --text`)."""
+def _user_text(path: Path) -> str:
+    """A text file the user names (`lm --text`, `--words`); a wrong one is a usage error."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     except (UnicodeDecodeError, IsADirectoryError):
         raise UsageError(f"{path}: not a UTF-8 text file") from None
-    return [line.strip() for line in lines if line.strip()]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -712,16 +712,12 @@ def _load_model(args: argparse.Namespace, **options):
 
 def _boost_words(bundle, args: argparse.Namespace) -> None:
     """`--words FILE`: the transcript search favours the file's words."""
-    from .lm import read_word_boosts
+    from .lm import parse_word_boosts
 
     if args.decoder == "greedy" or not bundle.has_lm:
         raise UsageError("--words needs the beam search (a model folder with a word LM)")
     try:
-        boost = read_word_boosts(args.words)
-    except FileNotFoundError:
-        raise UsageError(f"{args.words}: no such file") from None
-    except (UnicodeDecodeError, IsADirectoryError):
-        raise UsageError(f"{args.words}: not a UTF-8 text file") from None
+        boost = parse_word_boosts(_user_text(args.words))
     except ValueError as err:
         raise UsageError(f"{args.words}: {err}") from None
     unspelled = bundle.boost_words(boost)

@@ -221,12 +221,12 @@ def boost_arpa(src: str | Path, dst: str | Path, boost: Mapping[str, float]) -> 
     Path(dst).write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
-def read_word_boosts(path: str | Path) -> dict[str, float]:
+def parse_word_boosts(text: str) -> dict[str, float]:
     """`--words FILE`: a word or phrase per line, optionally followed by its bonus (log10 of LM
     probability, default WORD_BOOST); blank lines and lines from # on are skipped. Words are
     normalized as transcripts are; a word named twice keeps its last bonus."""
     boost = {}
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         fields = line.split("#", 1)[0].split()
         bonus = WORD_BOOST
         if len(fields) > 1:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from streamasr.decoding import BLANK, BeamOptions
-from streamasr.lm import WORD_BOOST, boost_arpa, build_arpa, read_word_boosts
+from streamasr.lm import WORD_BOOST, boost_arpa, build_arpa, parse_word_boosts
 
 SENTENCES = [s.split() for s in ["a dog runs", "a dog sits", "the dog runs fast", "a cat sits"]]
 
@@ -96,14 +96,12 @@ def test_a_boost_raises_a_word_in_every_context_and_adds_one_the_lm_lacks(tmp_pa
     boost_arpa(tmp_path / "lm.arpa", tmp_path / "capped.arpa", {"sits": 5.0})  # KenLM loads it
     capped, capped_vocab = kenlm(tmp_path / "capped.arpa", seen)
     assert log10_prob(capped, capped_vocab, ["a", "cat"], "sits") == 0.0
-    (tmp_path / "words.txt").write_text("# names\nZebra 0.5\nsits  # a verb\nNew-York -1\n\n")
-    assert read_word_boosts(tmp_path / "words.txt") == {
+    assert parse_word_boosts("# names\nZebra 0.5\nsits  # a verb\nNew-York -1\n\n") == {
         "zebra": 0.5, "sits": WORD_BOOST, "new": -1.0, "york": -1.0
     }  # fmt: skip
     for text, message in (("# nothing\n", "no words"), ("zebra inf\n", "line 1: the bonus")):
-        (tmp_path / "words.txt").write_text(text)
         with pytest.raises(ValueError, match=message):
-            read_word_boosts(tmp_path / "words.txt")
+            parse_word_boosts(text)
 
 
 def test_an_open_vocabulary_recognizes_a_word_the_transcripts_lack(tiny_bundle_dir, tmp_path):
