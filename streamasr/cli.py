@@ -1054,6 +1054,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     playback = Playback(args.lead_silence_ms, args.room)
     model_dir = args.model or DEFAULT_MODEL_DIR
     settings = eval_settings(model_dir, args.manifest, args.limit, args.wait_k, options, playback)
+    if args.words is not None:  # the words favoured, as read (a resumed eval keeps to them)
+        settings["words"] = _user_text(args.words)
     log = InstanceLog(args.out / PARTIAL_FILE, settings)
     if log.done:
         print(

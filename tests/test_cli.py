@@ -194,6 +194,12 @@ def test_words_flag_favours_a_file_of_words_or_says_why_it_cannot(
     )
     assert code == 0 and out
     assert "cannot spell these words, so they will not be recognized: quokka" in err
+    out_dir = tmp_path / "eval"
+    argv = ["eval", str(corpus / "train.jsonl"), "--model", str(model), "--limit", "1"]
+    assert main([*argv, "--words", str(words), "--out", str(out_dir)]) == 0
+    assert json.loads((out_dir / "summary.json").read_text())["decoder"].endswith(
+        f"--words {words}"
+    )
     code, _, err = transcribe(
         capsys, wav, "--model", model, "--words", words, "--decoder", "greedy"
     )
