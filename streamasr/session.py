@@ -407,7 +407,8 @@ class Session:
 
     @staticmethod
     def _new_words(events: list[Event]) -> list[str]:
-        return [word for event in events for word in event.text.split()]
+        """The words these events committed (a partial's tentative words are not the source)."""
+        return [w for event in events if event.type == "transcript" for w in event.text.split()]
 
     def _translate(
         self, frames: torch.Tensor, first_frame: int, delay_ms: float, words: list[str]

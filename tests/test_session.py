@@ -263,8 +263,11 @@ def test_nonfinite_samples_are_read_as_silence_and_counted(tiny_bundle, tone):
 
 def test_partials_add_tentative_words_and_change_nothing_else(tiny_lm_bundle, tiny_bundle, tone):
     audio = np.concatenate([tone, np.zeros(24000, np.float32), tone])
-    _, plain = run(tiny_lm_bundle, audio, 1600, wait_k=2)
-    session, events = run(tiny_lm_bundle, audio, 1600, wait_k=2, partials=True)
+    translating = dict(wait_k=2, translate=True, translate_from="transcript")
+    _, plain = run(tiny_lm_bundle, audio, 1600, **translating)
+    session, events = run(tiny_lm_bundle, audio, 1600, partials=True, **translating)
+    # the translator reads committed words only, never the tentative ones (sessions 32-35 did)
+    assert any(e.type == "translation" and e.text for e in plain)
     assert texts([e for e in events if e.type != "partial"]) == texts(plain)
     partials = [e for e in events if e.type == "partial"]
     assert any(e.text for e in partials) and not any(e.final for e in partials)
