@@ -161,7 +161,7 @@ def build_transcript_lm(
     folder: Path,
     order: int = 3,
     prior: Mapping[str, float] | None = None,
-) -> tuple[dict[int, int], int]:
+) -> tuple[dict[int, int], int, list[str]]:
     """The model folder's word LM of normalized transcripts and its lexicon (each LM word
     spelled in the transcript tokenizer's pieces); `prior`: general word frequencies that open
     the vocabulary (`build_arpa`). Returns the n-gram counts per order, the lexicon's size and
