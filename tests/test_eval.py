@@ -513,3 +513,27 @@ def test_an_eval_stopped_midway_resumes_where_it_stopped(
     log.write_text('{"other": "settings"}\n' + (out / "instances.jsonl").read_text())
     assert main([*argv, "--out", str(out)]) == 0
     assert "resuming" not in capsys.readouterr().err
+
+
+def test_an_eval_instance_is_what_transcribe_writes_for_its_file(manifest, tiny_lm_bundle, capsys):
+    """The eval streams each file as `transcribe` does: the same words at the same delays (the eval
+    turns partial captions on to measure them, and they must change nothing else)."""
+    model = str(tiny_lm_bundle.lm_folder)
+    flags = ["--model", model, "--wait-k", "1", "--translate-from", "transcript"]
+    assert main(["eval", str(manifest), *flags, "--out", str(manifest.parent / "ev")]) == 0
+    instances = [json.loads(line) for line in (manifest.parent / "ev" / "instances.jsonl").open()]
+    capsys.readouterr()
+    for ins, wav in zip(instances, ("a.wav", "b.wav"), strict=True):
+        path = str(manifest.parent / "wav" / wav)
+        assert main(["transcribe", path, *flags, "--translate", "--format", "jsonl"]) == 0
+        events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        for kind, text, delays in (
+            ("transcript", ins["transcript"], ins["transcript_word_ms"]),
+            ("translation", ins["translation"], ins["delays_ms"]),
+        ):
+            words = [
+                (w, e["delay_ms"]) for e in events if e["type"] == kind for w in e["text"].split()
+            ]
+            assert [w for w, _ in words] == text.split()
+            assert [d for _, d in words] == delays
+    assert any(ins["translation"] for ins in instances)
