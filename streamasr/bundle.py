@@ -73,23 +73,12 @@ class Bundle:
         if self.lm_folder is None:
             raise ModelFolderError("this model folder has no word LM (lm.arpa, lexicon.txt)")
         spellings = {word: spell(word, self.en) for word in boost}
-        unspelled = [word for word, pieces in spellings.items() if pieces is None]
-        known = {
-            line.split("\t", 1)[0] for line in open(self.lm_folder / LEXICON_FILE, encoding="utf-8")
-        }
+        spelled = {word: pieces for word, pieces in spellings.items() if pieces is not None}
         with tempfile.TemporaryDirectory() as tmp:  # KenLM reads the whole file at once
-            lexicon, arpa = Path(tmp) / LEXICON_FILE, Path(tmp) / LM_FILE
-            shutil.copyfile(self.lm_folder / LEXICON_FILE, lexicon)
-            with open(lexicon, "a", encoding="utf-8") as f:
-                for word, pieces in spellings.items():
-                    if pieces is not None and word not in known:
-                        f.write(f"{word}\t{' '.join(pieces)}\n")
-            boost_arpa(
-                self.lm_folder / LM_FILE,
-                arpa,
-                {word: bonus for word, bonus in boost.items() if spellings[word] is not None},
-            )
-            self.word_lm = WordLM(lexicon, arpa, self._pieces)
+            arpa = Path(tmp) / LM_FILE
+            boost_arpa(self.lm_folder / LM_FILE, arpa, {w: boost[w] for w in spelled})
+            self.word_lm = WordLM(self.lm_folder / LEXICON_FILE, arpa, self._pieces, spelled)
+        unspelled = [word for word in boost if word not in spelled]
         return unspelled
 
     def beam_search(self, options: BeamOptions | None) -> CtcBeamSearch | None:

@@ -72,12 +72,21 @@ class WordLM:
     """A model folder's word LM (ARPA) and its lexicon as a trie over the transcript pieces,
     built once and shared by every search (building the trie takes a fifth of a second)."""
 
-    def __init__(self, lexicon: Path, arpa: Path, tokens: list[str]):
+    def __init__(
+        self,
+        lexicon: Path,
+        arpa: Path,
+        tokens: list[str],
+        extra: dict[str, list[str]] | None = None,
+    ):
+        """`extra`: spellings of words the lexicon lacks (`--words`), in pieces."""
         from flashlight.lib.text.decoder import SmearingMode, Trie
         from flashlight.lib.text.decoder.kenlm import KenLM
         from flashlight.lib.text.dictionary import Dictionary, create_word_dict, load_words
 
         spellings = load_words(str(lexicon))
+        for word, pieces in (extra or {}).items():
+            spellings.setdefault(word, [pieces])
         self.words = create_word_dict(spellings)
         self.tokens = Dictionary(tokens)
         self.silence = self.tokens.get_index(tokens[1])  # bos: never emitted by the CTC head
