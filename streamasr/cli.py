@@ -1344,8 +1344,8 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         "compare",
         help="two eval runs' WER, BLEU and latency on the same utterances, by paired bootstrap",
         description="B's WER minus A's, streamed and with full context, on the utterances both "
-        "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap); "
-        "then, at each wait-k both folders ran, B's BLEU against A's (sacrebleu's paired "
+        "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap), "
+        "and the same for each voice where the utterances have several; then, at each wait-k both folders ran, B's BLEU against A's (sacrebleu's paired "
         "bootstrap) and B's AL and LAAL against A's on the utterances both translated (paired "
         "bootstrap).",
     )
@@ -1363,6 +1363,7 @@ def _require_eval_folder(folder: Path) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .evaluate import (
+        one_row_per_utterance,
         paired_bleu_bootstrap,
         paired_latency_bootstrap,
         paired_wer_bootstrap,
@@ -1385,18 +1386,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     ids = sorted(a)
     if any(a[i][0] != b[i][0] for i in ids):
         raise UsageError(f"{args.a} and {args.b}: the same ids with other reference transcripts")
-    refs = [a[i][0] for i in ids]
     print(
         f"{len(ids)} utterances; B - A in WER points, 95 % interval over {args.samples} resamples"
     )
-    for name, column in (("streamed", 1), ("full context", 2)):
-        d = paired_wer_bootstrap(
-            refs, [a[i][column] for i in ids], [b[i][column] for i in ids], args.samples, args.seed
-        )
-        print(
-            f"{name:>12}: A {d.a:.2f} %  B {d.b:.2f} %  B - A {d.b - d.a:+.2f} "
-            f"[{d.low:+.2f}, {d.high:+.2f}]  B higher in {100 * d.b_higher:.1f} % of resamples"
-        )
+    voice_of = {row["id"]: row.get("voice") for row in one_row_per_utterance(rows_a)}
+    voices = sorted({voice_of[i] for i in ids if voice_of[i]})
+    groups = [("", ids)]  # all utterances, then each voice's where there are several
+    if len(voices) > 1:
+        groups += [(f" {v}", [i for i in ids if voice_of[i] == v]) for v in voices]
+    for label, group in groups:
+        refs = [a[i][0] for i in group]
+        for name, column in (("streamed", 1), ("full context", 2)):
+            hyps_a, hyps_b = [a[i][column] for i in group], [b[i][column] for i in group]
+            d = paired_wer_bootstrap(refs, hyps_a, hyps_b, args.samples, args.seed)
+            print(
+                f"{name:>12}{label}: A {d.a:.2f} %  B {d.b:.2f} %  B - A {d.b - d.a:+.2f} "
+                f"[{d.low:+.2f}, {d.high:+.2f}]  B higher in {100 * d.b_higher:.1f} % of resamples"
+            )
     translations_a, translations_b = translations_by_k(rows_a), translations_by_k(rows_b)
     for k, pairs in translations_a.items():
         other = translations_b.get(k, {})

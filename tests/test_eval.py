@@ -316,14 +316,19 @@ def test_tune_beam_reads_each_file_as_the_playback_plays_it(manifest, tiny_bundl
     assert room.describe() == ", in a room of RT60 0.6 s, DRR 0 dB"
 
 
-def _eval_folder(folder, transcripts, refs, wait_ks=(3, "inf"), translations=None, full=None):
+def _eval_folder(
+    folder, transcripts, refs, wait_ks=(3, "inf"), translations=None, full=None, voices=None
+):
     """instances.jsonl of an eval run; each translation's words 1 s apart after `1 + 5 - words`
-    s of a 5 s source (ending with it); the full-context transcripts `full`, or the refs."""
+    s of a 5 s source (ending with it); the full-context transcripts `full`, or the refs; each
+    utterance's voice from `voices` where given."""
     folder.mkdir()
     with open(folder / "instances.jsonl", "w") as f:
         for k in wait_ks:
             for i, (hyp, ref) in enumerate(zip(transcripts, refs)):
                 row = {"id": f"u{i}", "wait_k": k, "text_ref": ref, "transcript": hyp}
+                if voices is not None:
+                    row["voice"] = voices[i]
                 if translations is not None:
                     words = len(translations[i].split())
                     row |= {
@@ -359,6 +364,23 @@ def test_compare_bootstraps_the_wer_difference_over_utterances(tmp_path, capsys)
     difference = paired_wer_bootstrap(refs, refs, worse, samples=2000, seed=1)
     assert 0 < difference.low < difference.b - difference.a < difference.high
     assert difference == paired_wer_bootstrap(refs, refs, worse, samples=2000, seed=1)
+
+
+def test_compare_gives_each_voice_its_own_difference(tmp_path, capsys):
+    refs = [f"a man rides a horse number {i}" for i in range(40)]
+    voices = ["flite:awb" if i < 20 else "flite:slt" for i in range(40)]
+    worse = [r.replace("horse", "house") if v == "flite:awb" else r for r, v in zip(refs, voices)]
+    _eval_folder(tmp_path / "a", refs, refs, voices=voices)
+    _eval_folder(tmp_path / "b", worse, refs, voices=voices)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--samples", "200"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert "streamed: A 0.00 %  B 7.14 %  B - A +7.14" in lines[0]  # 20 of 280 words
+    awb = [line for line in lines if "flite:awb:" in line]
+    slt = [line for line in lines if "flite:slt:" in line]
+    assert len(awb) == len(slt) == 2  # streamed and full context
+    assert "streamed flite:awb: A 0.00 %  B 14.29 %  B - A +14.29 [+14.29, +14.29]" in awb[0]
+    assert "streamed flite:slt: A 0.00 %  B 0.00 %  B - A +0.00" in slt[0]
+    assert "full context flite:awb: A 0.00 %  B 0.00 %" in awb[1]
 
 
 def test_compare_refuses_folders_of_other_utterances(tmp_path, capsys):
