@@ -725,8 +725,9 @@ class SpeechTranslator(nn.Module):
         return self.cfg.transcript_encoder_layers > 0
 
     def ctc_log_probs(self, frames: Tensor) -> Tensor:
-        """(B, T, D) -> (B, T, V_en) log-probabilities; id 0 is the blank."""
-        return self.ctc_head(frames).log_softmax(-1)
+        """(B, T, D) -> (B, T, V_en) log-probabilities (float32, under bf16 autocast too); id 0
+        is the blank."""
+        return self.ctc_head(frames).float().log_softmax(-1)
 
     @property
     def num_parameters(self) -> int:

@@ -75,6 +75,9 @@ class TrainConfig:
     seed: int = 0
     threads: int = 2
     device: str = "cpu"  # torch device the steps run on (features are made on the CPU)
+    # "bf16": the losses computed under torch.autocast in bfloat16 (matrix products and
+    # convolutions; weights, gradients and the optimizer stay float32); "fp32": all float32
+    precision: str = "fp32"
 
 
 @dataclass
@@ -267,6 +270,23 @@ def train_device(name: str) -> torch.device:
     return device
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_precision(name: str, device: torch.device) -> None:
+    """A TrainError for a `--precision` other than PRECISIONS; a warning where bf16 would be
+    emulated (a CPU without AVX-512 BF16 or AMX computes it slower than float32)."""
+    if name not in PRECISIONS:
+        raise TrainError(f"--precision {name!r}: give one of {', '.join(PRECISIONS)}")
+    if name == "bf16" and device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        log.warning("--precision bf16: this CPU has no native bfloat16; steps may be slower")
+
+
+def autocast(device: torch.device, precision: str) -> torch.autocast:
+    """The context a training loss is computed in (the backward pass runs outside it)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 def to_device(batch: tuple, device: torch.device) -> tuple:
     """A collated batch (tensors, and lists of them) on `device`."""
     return tuple(
@@ -423,6 +443,7 @@ def train(
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     device = train_device(tcfg.device)
+    check_precision(tcfg.precision, device)
     resuming = (work / "checkpoint.pt").exists()
     if init is not None:
         # The init's shape, with lookahead frames added when asked for (they start at zero)
@@ -548,7 +569,8 @@ def run_steps(
         while position < len(epoch_batches) and step < last:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, tcfg)
-            loss, fields = loss_of(epoch_batches[position], step, rng, gen)
+            with autocast(device, tcfg.precision):
+                loss, fields = loss_of(epoch_batches[position], step, rng, gen)
             opt.zero_grad()
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip)

@@ -38,7 +38,14 @@ from .model import SpeechTranslator, wait_k_visible_positions
 from .policy import WaitK
 from .session import WordAssembler
 from .text import Tokenizer, normalize_transcript, train_tokenizer
-from .train import TrainConfig, TrainError, _warm_start_files, run_steps, train_device
+from .train import (
+    TrainConfig,
+    TrainError,
+    _warm_start_files,
+    check_precision,
+    run_steps,
+    train_device,
+)
 from .voices import names_reserved_voice
 
 log = logging.getLogger(__name__)
@@ -290,6 +297,7 @@ def train_cascade(
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     device = train_device(tcfg.device)
+    check_precision(tcfg.precision, device)
     fresh = not (work / "checkpoint.pt").exists()
     if multi30k is not None:
         pairs = multi30k_pairs(multi30k, "train")

@@ -26,6 +26,7 @@ from streamasr.train import (
     TrainConfig,
     TrainError,
     augment_config,
+    autocast,
     collate,
     export,
     loss_on_batch,
@@ -536,6 +537,55 @@ def test_the_device_flag_names_a_device_this_machine_has(tmp_path, tone, capsys)
     err = capsys.readouterr().err
     assert code == 2 and f"--device '{absent}'" in err and "Traceback" not in err
     assert not (tmp_path / "w" / "checkpoint.pt").exists()
+
+
+def test_bf16_losses_and_gradients_follow_float32(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(val_utterances=2)
+    cache, _, stats, _, de = prepare(corpus, tmp_path / "w", TINY, tcfg.val_utterances)
+    batch = collate(cache, list(range(4)), stats, None, torch.Generator(), de.bos_id, de.eos_id)
+    torch.manual_seed(0)
+    model = SpeechTranslator(TINY).eval()  # no dropout: the same computation but for precision
+    cpu = torch.device("cpu")
+    runs = []
+    for precision in ("fp32", "bf16"):
+        model.zero_grad()
+        with autocast(cpu, precision):
+            ctc, mt = loss_on_batch(model, batch, 4, 2, tcfg)
+        (ctc + mt).backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        runs.append((ctc.item(), mt.item(), grads, ctc.dtype))
+        with autocast(cpu, precision):  # the CTC head's log-softmax in float32 either way
+            assert model.ctc_log_probs(torch.randn(1, 3, TINY.d_model)).dtype == torch.float32
+    (ctc32, mt32, grad32, _), (ctc16, mt16, grad16, dtype16) = runs
+    assert dtype16 == torch.float32 and grad16.dtype == torch.float32  # weights stay float32
+    assert (ctc16, mt16) == pytest.approx((ctc32, mt32), rel=0.02)
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
+    assert not torch.equal(grad16, grad32)  # bf16 did run
+
+
+def test_bf16_training_runs_resumes_in_float32_and_unknown_precisions_are_refused(
+    tmp_path, tone, capsys
+):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(
+        steps=4, batch_frames=900, val_every=2, ckpt_every=1, val_utterances=2, warmup_steps=2,
+        augment_from=2, precision="bf16",
+    )  # fmt: skip
+    train(corpus, tmp_path / "w", TINY, tcfg, stop_at=2)
+    model = train(corpus, tmp_path / "w", TINY, replace(tcfg, precision="fp32"))
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    log = [
+        json.loads(line) for line in (tmp_path / "w" / "train_log.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert all(math.isfinite(r["ctc"]) and math.isfinite(r["mt"]) for r in log)
+    code = main(
+        ["train", "--corpus", str(corpus), "--work", str(tmp_path / "x"), "--precision", "fp16"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--precision 'fp16': give one of fp32, bf16" in err
+    assert "Traceback" not in err and not (tmp_path / "x" / "checkpoint.pt").exists()
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
