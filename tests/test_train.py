@@ -539,13 +539,19 @@ def test_the_device_flag_names_a_device_this_machine_has(tmp_path, tone, capsys)
     assert not (tmp_path / "w" / "checkpoint.pt").exists()
 
 
-def test_bf16_losses_and_gradients_follow_float32(tmp_path, tone):
+def _a_batch_and_a_tiny_model(tmp_path, tone):
+    """Four utterances collated without augmentation, and a seeded TINY model without dropout
+    (eval mode), so that two passes differ only by what a test changes."""
     corpus = make_corpus(tmp_path / "corpus", tone)
     tcfg = TrainConfig(val_utterances=2)
     cache, _, stats, _, de = prepare(corpus, tmp_path / "w", TINY, tcfg.val_utterances)
     batch = collate(cache, list(range(4)), stats, None, torch.Generator(), de.bos_id, de.eos_id)
     torch.manual_seed(0)
-    model = SpeechTranslator(TINY).eval()  # no dropout: the same computation but for precision
+    return batch, tcfg, SpeechTranslator(TINY).eval()
+
+
+def test_bf16_losses_and_gradients_follow_float32(tmp_path, tone):
+    batch, tcfg, model = _a_batch_and_a_tiny_model(tmp_path, tone)
     cpu = torch.device("cpu")
     runs = []
     for precision in ("fp32", "bf16"):
@@ -593,12 +599,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @needs_cuda
 def test_a_batch_gives_the_same_loss_and_gradients_on_cuda(tmp_path, tone):
-    corpus = make_corpus(tmp_path / "corpus", tone)
-    tcfg = TrainConfig(val_utterances=2)
-    cache, _, stats, _, de = prepare(corpus, tmp_path / "w", TINY, tcfg.val_utterances)
-    batch = collate(cache, list(range(4)), stats, None, torch.Generator(), de.bos_id, de.eos_id)
-    torch.manual_seed(0)
-    model = SpeechTranslator(TINY).eval()  # no dropout: the same computation on both
+    batch, tcfg, model = _a_batch_and_a_tiny_model(tmp_path, tone)
     grads = []
     for device in ("cpu", "cuda"):
         model.to(device).zero_grad()
