@@ -1349,8 +1349,8 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         help="two eval runs' WER, BLEU and latency on the same utterances, by paired bootstrap",
         description="B's WER minus A's, streamed and with full context, on the utterances both "
         "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap), "
-        "and the same for each voice where the utterances have several; then, at each wait-k both folders ran, B's BLEU against A's (sacrebleu's paired "
-        "bootstrap) and B's AL and LAAL against A's on the utterances both translated (paired "
+        "and the same for each voice where the utterances have several; then, at each wait-k "
+        "both folders ran, B's BLEU against A's (sacrebleu's paired bootstrap) and B's AL and LAAL against A's on the utterances both translated (paired "
         "bootstrap).",
     )
     cmp.add_argument("a", type=Path, help="an eval folder (`streamasr eval --out`): the baseline")
