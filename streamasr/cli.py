@@ -215,6 +215,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--stop-at", type=int, help="end this run at that step (resume later)")
     train.add_argument("--init", type=Path, help="start from a model folder's weights (warm start)")
     train.add_argument(
+        "--add-encoder-layers",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="with --init: N more encoder blocks on top of the init's, starting as the identity "
+        "(their output projections zero), so the deeper model begins where the init was",
+    )
+    train.add_argument(
         "--cascade",
         action="store_true",
         help="train only the transcript translator (text pairs, no audio) of the --init model; "
@@ -320,6 +328,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     for flag, value in (("--multi30k", args.multi30k), ("--recognized", args.recognized)):
         if value and not args.cascade:
             raise UsageError(f"{flag} is for --cascade training (text pairs)")
+    if args.add_encoder_layers and (args.cascade or args.init is None):
+        raise UsageError("--add-encoder-layers grows an --init speech model (not with --cascade)")
     if args.corpus is None and args.multi30k is None:
         raise UsageError("train needs --corpus DIR (or, with --cascade, --multi30k DIR)")
     needed = [folder / "train.jsonl" for folder in args.extra_train]
@@ -344,6 +354,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             train(
                 args.corpus, args.work, model_cfg, train_cfg,
                 stop_at=args.stop_at, init=args.init, extra=args.extra_train,
+                add_encoder_layers=args.add_encoder_layers,
             )  # fmt: skip
     except TrainError as err:
         raise UsageError(str(err)) from None

@@ -295,6 +295,14 @@ class EncoderLayer(nn.Module):
         self.ff = FeedForward(d, cfg.d_ff, cfg.dropout)
         self.dropout = nn.Dropout(cfg.dropout)
 
+    def start_as_identity(self) -> None:
+        """Zero the three residual branches' output projections: the block then passes its input
+        through unchanged (every branch is added to the residual stream), while each projection
+        still receives a gradient, so a model grown by such blocks starts as the one it grew from."""
+        for proj in (self.attn.out, self.conv.pointwise_out, self.ff[-1]):
+            nn.init.zeros_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
     def forward(
         self, x: Tensor, mask: Tensor, positions: Tensor, right: RightContext | None = None
     ) -> Tensor:

@@ -435,11 +435,15 @@ def train(
     stop_at: int | None = None,
     init: Path | None = None,
     extra: Sequence[Path] = (),
+    add_encoder_layers: int = 0,
 ) -> SpeechTranslator:
     """Train (or resume) towards tcfg.steps; `stop_at` ends this run early at that step, as a
     kill would, leaving a checkpoint to resume from. `init` starts a new work folder from a
-    model folder's weights, tokenizers and statistics (a warm start with a fresh optimizer).
+    model folder's weights, tokenizers and statistics (a warm start with a fresh optimizer),
+    with `add_encoder_layers` more encoder blocks on top that start as the identity.
     `extra` corpora add their train splits to the training data."""
+    if add_encoder_layers and init is None:
+        raise TrainError("adding encoder layers needs an init model to add them to")
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     device = train_device(tcfg.device)
@@ -448,11 +452,17 @@ def train(
     if init is not None:
         # The init's shape, with lookahead frames added when asked for (they start at zero)
         # and right context; right context alone replaces the init's lookahead (its map is
-        # dropped). A resumed warm start has the same shape, so it passes the check below.
+        # dropped); `add_encoder_layers` blocks go on top of the init's, starting as the identity.
+        # A resumed warm start has the same shape, so it passes the check below.
         init_cfg = ModelConfig.load(init / "config.json")
         right = cfg.right_context_frames or init_cfg.right_context_frames
         lookahead = cfg.lookahead_frames or (0 if right else init_cfg.lookahead_frames)
-        cfg = replace(init_cfg, lookahead_frames=lookahead, right_context_frames=right)
+        cfg = replace(
+            init_cfg,
+            lookahead_frames=lookahead,
+            right_context_frames=right,
+            encoder_layers=init_cfg.encoder_layers + add_encoder_layers,
+        )
         if not resuming:
             _warm_start_files(init, work)
     # Speech units end where unit_ms of audio completes frames: the lookahead's and the right
@@ -473,8 +483,17 @@ def train(
     if init is not None and not resuming:
         source = load_bundle(init).model
         missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
-        if any(not name.startswith("encoder.lookahead.") for name in missing + unexpected):
+        grown = range(init_cfg.encoder_layers, cfg.encoder_layers)
+        added = ("encoder.lookahead.", *(f"encoder.layers.{i}." for i in grown))
+        if any(not name.startswith(added) for name in missing) or any(
+            not name.startswith("encoder.lookahead.") for name in unexpected
+        ):
             raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
+        for i in grown:
+            model.encoder.layers[i].start_as_identity()
+        if grown:
+            log.info("%d encoder blocks added on top, starting as the identity", len(grown))
+        missing = [name for name in missing if name.startswith("encoder.lookahead.")]
         if missing:
             log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)
         if unexpected:

@@ -165,6 +165,35 @@ def test_right_context_replaces_the_init_lookahead(tmp_path, tone):
     assert learnt.abs().max() > 0 and torch.equal(both.encoder.lookahead.conv.weight, learnt)
 
 
+def test_added_encoder_layers_start_as_the_identity_then_learn(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    folder = export(tmp_path / "a", tmp_path / "model")
+    plain = load_bundle(folder).model
+    grown = train(
+        corpus, tmp_path / "b", ModelConfig(), replace(tcfg, lr=0.0), init=folder,
+        add_encoder_layers=2,
+    )  # fmt: skip
+    assert grown.cfg == replace(TINY, encoder_layers=3)
+    feats, lengths = torch.randn(1, 200, 80), torch.tensor([200])
+    with torch.no_grad():  # the added blocks pass their input through, streamed or not
+        for chunk in (-1, 4):
+            out = grown.eval().encoder(feats, lengths, chunk)[0]
+            assert torch.equal(out, plain.encoder(feats, lengths, chunk)[0])
+    learnt = train(corpus, tmp_path / "c", ModelConfig(), tcfg, init=folder, add_encoder_layers=2)
+    for block in learnt.encoder.layers[1:]:
+        assert block.attn.out.weight.abs().max() > 0 and block.ff[-1].weight.abs().max() > 0
+    exported = load_bundle(export(tmp_path / "c", tmp_path / "model_c"))
+    assert exported.config.encoder_layers == 3
+    again = train(
+        corpus, tmp_path / "d", ModelConfig(), replace(tcfg, lr=0.0), init=tmp_path / "model_c"
+    )
+    assert_same_weights(exported.model, again)
+    with pytest.raises(TrainError, match="needs an init"):
+        train(corpus, tmp_path / "e", TINY, tcfg, add_encoder_layers=1)
+
+
 def test_a_killed_warm_start_resumes_exactly(tmp_path, tone):
     corpus = make_corpus(tmp_path / "corpus", tone)
     tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
