@@ -42,7 +42,8 @@ clean-venv:
 # one thread each, longest first, then the README's Results tables. A folder whose summary.json is
 # newer than the weights is kept and an eval keeps its finished runs, so an interrupted run
 # resumes where it stopped; `make -B results -j 2` measures them all. RESULTS=runs/x MODEL=runs/m
-# writes a candidate's folders and leaves the README alone.
+# writes a candidate's folders and leaves the README alone; SEARCH='--word-score 1' adds search
+# options to every evaluation (for a candidate's folders only).
 # Logs: runs/results-logs/. The test audio comes from `bash data/build.sh eval`.
 MODEL := models/base
 RESULTS := results
@@ -68,6 +69,11 @@ ARGS_eval320-room1 := $(TEST) --wait-k 3 --limit 400 --room 0.3,10
 ARGS_eval320-room2 := $(TEST) --wait-k 3 --limit 400 --room 0.6,3
 ARGS_eval-realdev := $(REALDEV) --wait-k 3
 
+ifneq ($(SEARCH),)
+ifeq ($(RESULTS),results)
+$(error SEARCH is for a candidate's folders: pass RESULTS=runs/NAME too)
+endif
+endif
 results: $(RESULT_FOLDERS:%=$(RESULTS)/%/summary.json)
 ifeq ($(RESULTS),results)
 	$(VENV)/bin/streamasr results $(README_FOLDERS:%=results/%) --readme README.md
@@ -76,8 +82,8 @@ endif
 LOG = runs/results-logs/$(subst /,_,$(RESULTS))_$*.log
 $(RESULTS)/%/summary.json: $(MODEL)/model.safetensors | setup $(TEST)
 	@mkdir -p runs/results-logs
-	@echo "$$(date -u +%T) $(RESULTS)/$*: streamasr eval $(ARGS_$*)"
-	@OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/streamasr eval $(ARGS_$*) --model $(MODEL) \
+	@echo "$$(date -u +%T) $(RESULTS)/$*: streamasr eval $(ARGS_$*) $(SEARCH)"
+	@OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/streamasr eval $(ARGS_$*) $(SEARCH) --model $(MODEL) \
 		--out $(RESULTS)/$* > $(LOG) 2>&1 || { echo "$(RESULTS)/$* failed: see $(LOG)"; exit 1; }
 	@echo "$$(date -u +%T) $(RESULTS)/$* done"
 
