@@ -328,8 +328,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     for flag, value in (("--multi30k", args.multi30k), ("--recognized", args.recognized)):
         if value and not args.cascade:
             raise UsageError(f"{flag} is for --cascade training (text pairs)")
-    if args.add_encoder_layers and (args.cascade or args.init is None):
-        raise UsageError("--add-encoder-layers grows an --init speech model (not with --cascade)")
+    if args.add_encoder_layers and args.cascade:
+        raise UsageError(
+            "--add-encoder-layers grows the speech model, not the --cascade translator"
+        )
     if args.corpus is None and args.multi30k is None:
         raise UsageError("train needs --corpus DIR (or, with --cascade, --multi30k DIR)")
     needed = [folder / "train.jsonl" for folder in args.extra_train]

@@ -484,16 +484,14 @@ def train(
         source = load_bundle(init).model
         missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
         grown = range(init_cfg.encoder_layers, cfg.encoder_layers)
-        added = ("encoder.lookahead.", *(f"encoder.layers.{i}." for i in grown))
-        if any(not name.startswith(added) for name in missing) or any(
-            not name.startswith("encoder.lookahead.") for name in unexpected
-        ):
+        new_blocks = tuple(f"encoder.layers.{i}." for i in grown)
+        missing = [name for name in missing if not name.startswith(new_blocks)]
+        if any(not name.startswith("encoder.lookahead.") for name in missing + unexpected):
             raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
         for i in grown:
             model.encoder.layers[i].start_as_identity()
         if grown:
             log.info("%d encoder blocks added on top, starting as the identity", len(grown))
-        missing = [name for name in missing if name.startswith("encoder.lookahead.")]
         if missing:
             log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)
         if unexpected:
