@@ -16,6 +16,7 @@ from .voices import VoiceError
 # `streamasr lm --open-vocab`: common English words admitted beside the transcripts' (chosen on
 # the tuning set of training voices among 10k-100k; model card, "An open vocabulary")
 OPEN_VOCAB = 50_000
+MERGES = ("max", "logadd")  # the beam's hypothesis merging, by BeamOptions.log_add
 
 log = logging.getLogger("streamasr")
 
@@ -533,6 +534,20 @@ def _add_decoder_options(p: argparse.ArgumentParser) -> None:
         help="commit the beam's best words once they are this old (bounds the transcript's"
         f" delay); none: only when every hypothesis agrees (default {default.commit_ms})",
     )
+    p.add_argument(
+        "--blank-penalty",
+        type=float,
+        default=default.blank_penalty,
+        help="subtract this from the CTC blank's log-prob before the search (fewer deleted"
+        f" words, more inserted ones; default {default.blank_penalty:g})",
+    )
+    p.add_argument(
+        "--merge",
+        choices=MERGES,
+        default=MERGES[default.log_add],
+        help="how the search merges hypotheses that reach the same words: max keeps the better"
+        f" path, logadd sums the paths (default {MERGES[default.log_add]})",
+    )
     session = SessionOptions()
     for flag, parse, value, help_text in (
         (
@@ -623,7 +638,13 @@ def _beam_options(args: argparse.Namespace):
     if args.decoder == "greedy":
         return None
     return BeamOptions(
-        args.beam_size, args.lm_weight, args.word_score, args.commit_ms, args.token_beam or None
+        args.beam_size,
+        args.lm_weight,
+        args.word_score,
+        args.commit_ms,
+        args.token_beam or None,
+        args.blank_penalty,
+        args.merge == "logadd",
     )
 
 
@@ -1235,7 +1256,27 @@ def _add_tune_lm(sub: argparse._SubParsersAction) -> None:
         default=[commit],
         help=f"commit lookbacks, e.g. none,320,640 (default {commit})",
     )
+    tune.add_argument(
+        "--blank-penalties",
+        type=_float_list,
+        default=[DEFAULT_BEAM.blank_penalty],
+        help=f"e.g. 0,0.5,1 (default {DEFAULT_BEAM.blank_penalty:g})",
+    )
+    tune.add_argument(
+        "--merges",
+        type=_merge_list,
+        default=[MERGES[DEFAULT_BEAM.log_add]],
+        help=f"max, logadd or max,logadd (default {MERGES[DEFAULT_BEAM.log_add]})",
+    )
     tune.set_defaults(func=cmd_tune_lm)
+
+
+def _merge_list(text: str) -> list[str]:
+    merges = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [m for m in merges if m not in MERGES]
+    if unknown or not merges:
+        raise argparse.ArgumentTypeError(f"expected max, logadd or max,logadd, not {text!r}")
+    return merges
 
 
 def cmd_tune_lm(args: argparse.Namespace) -> int:
@@ -1262,34 +1303,40 @@ def cmd_tune_lm(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(f"--chunk-ms: {err}") from None
     grid = [
-        BeamOptions(int(size), weight, score, commit, int(tokens) or None)
+        BeamOptions(int(size), weight, score, commit, int(tokens) or None, blank, merge == "logadd")
         for size in args.beam_sizes
         for weight in args.lm_weights
         for score in args.word_scores
         for commit in args.commit_ms
         for tokens in args.token_beams
+        for blank in args.blank_penalties
+        for merge in args.merges
     ]
     playback = Playback(room=args.room)
     rows = tune_beam(bundle, utterances, args.chunk_ms, grid, playback)
     print(f"{len(utterances)} utterances, {args.chunk_ms} ms chunks{playback.describe()}")
-    print("beam_size  token_beam  lm_weight  word_score  commit_ms   WER %  delay ms  search s")
+    print(
+        "beam_size  token_beam  lm_weight  word_score  commit_ms  blank  merge   WER %"
+        "  delay ms  search s"
+    )
     for row in rows:
         if row.options is None:
-            print(f"{'greedy':>9}  {'':>10}  {'':>9}  {'':>10}  {'':>9}  {row.wer:6.2f}")
+            print(f"{'greedy':>9}{'':>63}  {row.wer:6.2f}")
             continue
         o = row.options
         delay = "-" if row.delay_ms is None else f"{row.delay_ms:.0f}"
         print(
             f"{o.beam_size:>9}  {str(o.token_beam or 'all'):>10}  {o.lm_weight:>9g}"
-            f"  {o.word_score:>10g}  {str(o.commit_ms):>9}  {row.wer:6.2f}  {delay:>8}"
-            f"  {row.search_s:8.1f}"
+            f"  {o.word_score:>10g}  {str(o.commit_ms):>9}  {o.blank_penalty:>5g}"
+            f"  {MERGES[o.log_add]:>6}  {row.wer:6.2f}  {delay:>8}  {row.search_s:8.1f}"
         )
     best = min(rows[1:], key=lambda row: row.wer)
     o = best.options
     print(
         f"best: --beam-size {o.beam_size} --lm-weight {o.lm_weight:g}"
         f" --word-score {o.word_score:g} --commit-ms {o.commit_ms}"
-        f" --token-beam {o.token_beam or 0} ({best.wer:.2f} % WER)"
+        f" --token-beam {o.token_beam or 0} --blank-penalty {o.blank_penalty:g}"
+        f" --merge {MERGES[o.log_add]} ({best.wer:.2f} % WER)"
     )
     return 0
 

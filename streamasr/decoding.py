@@ -56,13 +56,16 @@ def ctc_greedy_tokens(log_probs: Tensor) -> list[int]:
 @dataclass(frozen=True)
 class BeamOptions:
     """Defaults chosen with `streamasr tune-lm` for models/base: on data/tune (training voices),
-    the beam on four tuning sets of voices no run heard (session 30)."""
+    the beam on four tuning sets of voices no run heard (session 30), the blank penalty and
+    log-add merging on those five sets (session 43)."""
 
     beam_size: int = 384  # hypotheses kept per frame
     lm_weight: float = 1.25  # weight of the LM's log10 probability (acoustic scores are ln)
     word_score: float = 0.5  # added per word (a length bonus)
     commit_ms: int | None = 640  # commit the best path this far back; None: on agreement only
     token_beam: int | None = 8  # most likely pieces tried per frame; None: every piece
+    blank_penalty: float = 0.5  # subtracted from the blank's log-prob (favours pieces)
+    log_add: bool = True  # merge equal hypotheses by log-add (the sum over CTC paths), not max
 
 
 DEFAULT_BEAM = BeamOptions()
@@ -137,7 +140,7 @@ class CtcBeamSearch:
             word_score=options.word_score,
             unk_score=float("-inf"),
             sil_score=0.0,
-            log_add=False,
+            log_add=options.log_add,
             criterion_type=CriterionType.CTC,
         )
         unk = lm.words.get_index("<unk>")
@@ -152,7 +155,11 @@ class CtcBeamSearch:
 
     def step(self, log_probs: Tensor) -> list[str]:
         """(T, V) log-probs of one chunk -> the words that became certain."""
-        emissions = log_probs.float().contiguous()
+        emissions = log_probs.float()
+        if self.options.blank_penalty:
+            emissions = emissions.clone()  # the caller's log-probs stay as they are
+            emissions[:, BLANK] -= self.options.blank_penalty
+        emissions = emissions.contiguous()
         self.decoder.decode_step(emissions.data_ptr(), *emissions.shape)
         committed = self._commit() if self.commit_frames is not None else []
         hyps = self.decoder.get_all_final_hypothesis()  # the beam now, not yet final

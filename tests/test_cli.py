@@ -229,6 +229,13 @@ def test_tune_lm_prints_greedy_and_every_setting(capsys, corpus_and_model):
     ]  # fmt: skip
     assert all(float(line.split()[-1]) >= 0 for line in lines[3:7])  # search seconds
     assert lines[7].startswith("best: --beam-size 4")
+    search = ["--blank-penalties", "0,1", "--merges", "max,logadd"]
+    assert main(["tune-lm", manifest, "--model", str(model), *args, *search]) == 0
+    rows = [line.split()[5:7] for line in capsys.readouterr().out.splitlines()[3:11]]
+    assert rows == [[b, m] for _ in "ab" for b in ("0", "1") for m in ("max", "logadd")]
+    with pytest.raises(SystemExit):
+        main(["tune-lm", manifest, "--model", str(model), "--merges", "sum"])
+    assert "expected max, logadd or max,logadd" in capsys.readouterr().err
     room = ["--limit", "1", "--room", "0.3,10"]
     assert main(["tune-lm", manifest, "--model", str(model), *room]) == 0
     header = capsys.readouterr().out.splitlines()[0]

@@ -256,3 +256,34 @@ def test_a_token_beam_keeps_the_words_of_the_whole_search(tiny_lm_bundle, seed):
     every = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8, token_beam=None))
     top = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8, token_beam=8))
     assert top.decode(log_probs) == every.decode(log_probs) == words
+
+
+def test_a_blank_penalty_keeps_a_word_whose_pieces_barely_lose_to_blank(tiny_lm_bundle):
+    """The frames of 'black' favour blank a little: the search drops the word, a penalty on the
+    blank brings it back, and the caller's log-probs are left as they were."""
+    words = "a black dog runs across the green grass".split()
+    log_probs = spelled(tiny_lm_bundle, words, noise=0.0, seed=0)
+    black = set(tiny_lm_bundle.en.encode("black"))
+    frames = torch.tensor([int(i) in black for i in log_probs.argmax(-1)])
+    log_probs[frames, BLANK] = log_probs[frames].max(-1).values + 1.5
+    log_probs = log_probs.log_softmax(-1)
+    before = log_probs.clone()
+    plain = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8, blank_penalty=0.0))
+    plain = plain.decode(log_probs)
+    assert "black" not in plain
+    penalized = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8, blank_penalty=2.0))
+    assert penalized.decode(log_probs) == words
+    assert torch.equal(log_probs, before)
+
+
+def test_logadd_merging_sums_the_paths_that_max_merging_keeps_one_of(tiny_lm_bundle):
+    """The same words either way; merged by log-add the best hypothesis scores the sum of its
+    CTC paths, which is above the single best path's score."""
+    words = "a black dog runs across the green grass".split()
+    log_probs = spelled(tiny_lm_bundle, words, noise=1.0, seed=3)
+    scores = {}
+    for log_add in (False, True):
+        search = tiny_lm_bundle.beam_search(BeamOptions(beam_size=8, log_add=log_add))
+        assert search.decode(log_probs) == words
+        scores[log_add] = search.decoder.get_best_hypothesis().score
+    assert scores[True] > scores[False]
