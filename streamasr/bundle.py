@@ -87,10 +87,17 @@ class Bundle:
             return None
         return CtcBeamSearch(self.word_lm, options, self.config.frame_ms)
 
-    def save(self, folder: Path) -> None:
+    def save(self, folder: Path, dtype: str = "float32") -> None:
+        """Write the model folder, the weights stored as torch's `dtype` ("float16" or
+        "bfloat16" halve the file; loading casts them back to float32; the feature statistics
+        stay float32)."""
         folder.mkdir(parents=True, exist_ok=True)
         self.config.save(folder / "config.json")
-        state = {k: v.contiguous() for k, v in self.model.state_dict().items()}
+        stored = getattr(torch, dtype)
+        state = {
+            k: (v.to(stored) if v.is_floating_point() else v).contiguous()
+            for k, v in self.model.state_dict().items()
+        }
         for name in TIED:
             state.pop(name, None)
         save_file(state, str(folder / "model.safetensors"))

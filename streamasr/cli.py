@@ -17,6 +17,12 @@ from .voices import VoiceError
 # the tuning set of training voices among 10k-100k; model card, "An open vocabulary")
 OPEN_VOCAB = 50_000
 MERGES = ("max", "logadd")  # the beam's hypothesis merging, by BeamOptions.log_add
+DTYPE_ARGUMENT = dict(
+    choices=("float32", "float16", "bfloat16"),
+    default="float32",
+    help="how model.safetensors stores the weights (half precision: half the file; loading "
+    "casts to float32; default float32)",
+)
 
 log = logging.getLogger("streamasr")
 
@@ -275,9 +281,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                     help=help_text.get(name, f"default {default}"),
                 )
     train.set_defaults(func=cmd_train)
-    export = sub.add_parser("export", help="write a model folder from a training work folder")
-    export.add_argument("--work", type=Path, required=True)
-    export.add_argument("--out", type=Path, required=True)
+    export = sub.add_parser(
+        "export", help="write a model folder from a training work folder or another model folder"
+    )
+    source = export.add_mutually_exclusive_group(required=True)
+    source.add_argument("--work", type=Path, help="training work folder (its latest checkpoint)")
+    source.add_argument("--model", type=Path, help="model folder (to store it in another --dtype)")
+    export.add_argument("--out", type=Path, required=True, help="model folder to write")
+    export.add_argument("--dtype", **DTYPE_ARGUMENT)
     export.set_defaults(func=cmd_export)
     average = sub.add_parser(
         "average",
@@ -287,6 +298,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "models", type=Path, nargs="+", help="model folders (same config and tokenizers)"
     )
     average.add_argument("--out", type=Path, required=True, help="model folder to write")
+    average.add_argument("--dtype", **DTYPE_ARGUMENT)
     average.set_defaults(func=cmd_average)
     lm = sub.add_parser(
         "lm", help="add a word LM of the training transcripts to a model folder (beam search)"
@@ -426,18 +438,24 @@ def _user_text(path: Path) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from .bundle import load_bundle
     from .train import export
 
-    if not (args.work / "checkpoint.pt").is_file():
+    if args.model is not None:
+        load_bundle(args.model).save(args.out, args.dtype)
+    elif (args.work / "checkpoint.pt").is_file():
+        export(args.work, args.out, args.dtype)
+    else:
         raise UsageError(f"{args.work}: no checkpoint.pt to export")
-    print(export(args.work, args.out))
+    size = (args.out / "model.safetensors").stat().st_size / 1e6
+    print(f"wrote {args.out}: {args.dtype} weights, model.safetensors {size:.1f} MB")
     return 0
 
 
 def cmd_average(args: argparse.Namespace) -> int:
     from .bundle import average_bundles
 
-    average_bundles(args.models).save(args.out)
+    average_bundles(args.models).save(args.out, args.dtype)
     print(f"wrote {args.out}: the mean of {len(args.models)} models' weights")
     return 0
 

@@ -664,9 +664,9 @@ def _save_checkpoint(path: Path, model, opt, step, epoch, position, gen, rng) ->
     tmp.replace(path)  # a kill mid-write leaves the previous checkpoint intact
 
 
-def export(work: Path, out: Path) -> Path:
+def export(work: Path, out: Path, dtype: str = "float32") -> Path:
     """Write a model folder from the work folder's latest checkpoint (with the word LM of the
-    model folder it started from, if that had one)."""
+    model folder it started from, if that had one), the weights stored as `dtype`."""
     saved = json.loads((work / "config.json").read_text())
     cfg = ModelConfig.from_json(saved["model"])
     model = SpeechTranslator(cfg)
@@ -682,5 +682,5 @@ def export(work: Path, out: Path) -> Path:
         lm_folder=lm_folder(work),
         transcript_pieces=transcript_pieces(work, cfg),
     )
-    bundle.save(out)
+    bundle.save(out, dtype)
     return out

@@ -553,3 +553,20 @@ def test_live_ended_before_its_seconds_leaves_no_timer_behind(
         == 0
     )
     assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_export_stores_the_weights_in_half_precision(capsys, tmp_path, tiny_bundle_dir, dtype):
+    out = tmp_path / dtype
+    args = ["export", "--model", str(tiny_bundle_dir), "--out", str(out), "--dtype", dtype]
+    assert main(args) == 0
+    sizes = [(folder / "model.safetensors").stat().st_size for folder in (tiny_bundle_dir, out)]
+    assert sizes[1] < 0.6 * sizes[0]
+    full, half = load_bundle(tiny_bundle_dir).model, load_bundle(out).model
+    stored = getattr(torch, dtype)
+    for (name, a), b in zip(full.state_dict().items(), half.state_dict().values(), strict=True):
+        assert b.dtype == a.dtype == torch.float32, name  # loading casts back to float32
+        assert torch.equal(b, a.to(stored).float()), name
+    with pytest.raises(SystemExit):  # a source is required: --work or --model
+        main(["export", "--out", str(tmp_path / "none")])
+    assert "--work" in capsys.readouterr().err

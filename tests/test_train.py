@@ -507,6 +507,10 @@ def test_average_of_model_folders(tmp_path, tone):
         assert torch.equal(tensor, (a[name] + b[name]) / 2), name
     mean.save(tmp_path / "mean")
     assert_same_weights(load_bundle(tmp_path / "mean").model, mean.model)
+    assert main(["average", str(first), str(second), "--out", str(tmp_path / "half"),
+                 "--dtype", "float16"]) == 0  # fmt: skip
+    for name, tensor in load_bundle(tmp_path / "half").model.state_dict().items():
+        assert torch.equal(tensor, mean.model.state_dict()[name].half().float()), name
 
     other = Path(shutil.copytree(second, tmp_path / "other"))
     replace(TINY, dropout=0.3).save(other / "config.json")
