@@ -447,8 +447,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         export(args.work, args.out, args.dtype)
     else:
         raise UsageError(f"{args.work}: no checkpoint.pt to export")
-    size = (args.out / "model.safetensors").stat().st_size / 1e6
-    print(f"wrote {args.out}: {args.dtype} weights, model.safetensors {size:.1f} MB")
+    _report_written(args.out, args.dtype)
     return 0
 
 
@@ -456,8 +455,13 @@ def cmd_average(args: argparse.Namespace) -> int:
     from .bundle import average_bundles
 
     average_bundles(args.models).save(args.out, args.dtype)
-    print(f"wrote {args.out}: the mean of {len(args.models)} models' weights")
+    _report_written(args.out, args.dtype, f"the mean of {len(args.models)} models, ")
     return 0
+
+
+def _report_written(folder: Path, dtype: str, what: str = "") -> None:
+    size = (folder / "model.safetensors").stat().st_size / 1e6
+    print(f"wrote {folder}: {what}{dtype} weights, model.safetensors {size:.1f} MB")
 
 
 def _int_at_least(minimum: int, what: str):
