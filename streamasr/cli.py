@@ -154,6 +154,7 @@ TRAIN_OPTIONS = (
     "batch_tokens",
     "source_noise",
     "full_context_prob",
+    "distill_weight",
     "train_chunk_ms",
     "val_utterances",
     "threads",
@@ -168,6 +169,9 @@ OPTION_HELP = {
     "optimizer in float32 (on this project's CPU 1.16 times the audio per second over a "
     "1,200-step run, up to 1.37 over short ones; default fp32)",
     "full_context_prob": "share of batches trained without the chunk mask (default 0.2)",
+    "distill_weight": "in-place distillation: on chunked batches, this weight times the KL "
+    "divergence of the streamed CTC posteriors from the same weights' full-context ones, per "
+    "frame (default 0: none; costs a full-context encoder pass per batch)",
     "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
     "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
     "val_utterances": "val utterances (text pairs with --cascade) validated on (default 60)",

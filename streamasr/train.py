@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,10 @@ class TrainConfig:
     mt_weight: float = 0.5  # per-token translation cross-entropy weight
     label_smoothing: float = 0.1
     full_context_prob: float = 0.2  # batches trained without the chunk mask
+    # in-place distillation (dual-mode ASR): on a chunked batch, this weight times the KL
+    # divergence of the streamed CTC posteriors from the same weights' full-context ones (no
+    # gradient through those), per frame; 0: none
+    distill_weight: float = 0.0
     # chunk sizes (ms) drawn for the other batches, e.g. "160,160,320,640" (a size named twice is
     # drawn twice as often); empty: the model's chunk_frames_choices, uniformly
     train_chunk_ms: str = ""
@@ -347,16 +352,25 @@ def augment_config(tcfg: TrainConfig) -> AugmentConfig:
     )
 
 
+class Losses(NamedTuple):
+    ctc: torch.Tensor  # per transcript token
+    mt: torch.Tensor  # per translation token
+    distill: torch.Tensor  # per frame; zero unless the batch is chunked and tcfg.distill_weight > 0
+
+
 def loss_on_batch(
     model: SpeechTranslator, batch, chunk_frames: int, wait_k: int | None, tcfg: TrainConfig
-):
+) -> Losses:
     feats, lengths, en, de_in, de_out = batch
     with torch.set_grad_enabled(not tcfg.freeze_encoder and torch.is_grad_enabled()):
         frames, frame_lengths = model.encoder(feats, lengths, chunk_frames)
+    distill = frames.new_zeros((), dtype=torch.float32)
     if tcfg.freeze_encoder:
         ctc = frames.new_zeros(())
     else:
         log_probs = model.ctc_log_probs(frames)
+        if tcfg.distill_weight and chunk_frames > 0:
+            distill = full_context_kl(model, feats, lengths, log_probs, frame_lengths)
         en_lengths = torch.tensor([len(t) for t in en])
         ctc = F.ctc_loss(
             log_probs.transpose(0, 1),
@@ -381,7 +395,25 @@ def loss_on_batch(
     mt = F.cross_entropy(
         logits.transpose(1, 2), de_out, ignore_index=0, label_smoothing=tcfg.label_smoothing
     )
-    return ctc, mt
+    return Losses(ctc, mt, distill)
+
+
+def full_context_kl(
+    model: SpeechTranslator,
+    feats: torch.Tensor,
+    lengths: torch.Tensor,
+    log_probs: torch.Tensor,
+    frame_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """KL(full context || streamed) of the CTC posteriors, summed over the vocabulary and
+    averaged over the frames inside each utterance: the in-place distillation of dual-mode ASR
+    (Yu et al., 2021), the teacher being the same weights without the chunk mask, in the same
+    mode, without gradient."""
+    with torch.no_grad():
+        teacher = model.ctc_log_probs(model.encoder(feats, lengths, -1)[0])
+    per_frame = F.kl_div(log_probs, teacher, reduction="none", log_target=True).sum(-1)
+    inside = torch.arange(per_frame.shape[1], device=per_frame.device) < frame_lengths[:, None]
+    return (per_frame * inside).sum() / inside.sum().clamp_min(1)
 
 
 def validate(
@@ -515,17 +547,19 @@ def train(
         augment = aug if step >= tcfg.augment_from else None
         batch = collate(train_cache, indices, stats, augment, gen, de.bos_id, de.eos_id)
         batch = to_device(batch, device)
-        ctc, mt = loss_on_batch(model, batch, chunk, k or None, tcfg)
+        ctc, mt, distill = loss_on_batch(model, batch, chunk, k or None, tcfg)
         audio_s += int(batch[1].sum()) / 100
         speed = round(audio_s / (time.perf_counter() - t0), 1)
         # audio trained on since this process began (a resumed run counts afresh), and per second
         record = {
             "ctc": round(ctc.item(), 4),
             "mt": round(mt.item(), 4),
+            **({"distill": round(distill.item(), 4)} if tcfg.distill_weight else {}),
             "audio_s": round(audio_s, 2),
             "audio_s_per_s": speed,
         }
-        return tcfg.ctc_weight * ctc + tcfg.mt_weight * mt, record
+        loss = tcfg.ctc_weight * ctc + tcfg.mt_weight * mt + tcfg.distill_weight * distill
+        return loss, record
 
     run_steps(
         work, model, list(model.parameters()), cfg, tcfg, stop_at,

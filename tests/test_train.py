@@ -243,7 +243,7 @@ def test_detached_translation_loss_leaves_the_encoder_alone(tmp_path, tone):
     cache, _, stats, _, de = prepare(corpus, tmp_path / "a", TINY, 2)
     batch = collate(cache, [0, 1], stats, None, torch.Generator(), de.bos_id, de.eos_id)
     model.zero_grad(set_to_none=True)
-    _, mt = loss_on_batch(model, batch, chunk_frames=2, wait_k=1, tcfg=tcfg)
+    _, mt, _ = loss_on_batch(model, batch, chunk_frames=2, wait_k=1, tcfg=tcfg)
     mt.backward()
     assert all(p.grad is None for p in model.encoder.parameters())
     assert model.decoder.out.weight.grad.abs().sum() > 0
@@ -347,6 +347,17 @@ def test_train_chunk_ms_sets_the_chunks_drawn(tmp_path, tone, monkeypatch):
     )  # fmt: skip
     train(corpus, tmp_path / "a", TINY, tcfg)
     assert drawn and set(drawn) == {4}
+
+
+def test_distill_weight_adds_the_distillation_to_the_loss_and_the_log(tmp_path, tone):
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(
+        steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1,
+        full_context_prob=0.0, distill_weight=0.5,
+    )  # fmt: skip
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    records = [json.loads(line) for line in open(tmp_path / "a" / "train_log.jsonl")]
+    assert len(records) == 2 and all(r["distill"] > 0 for r in records)
 
 
 def test_extra_corpora_join_the_training_data(tmp_path, tone):
@@ -590,7 +601,7 @@ def test_bf16_losses_and_gradients_follow_float32(tmp_path, tone):
     for precision in ("fp32", "bf16"):
         model.zero_grad()
         with autocast(cpu, precision):
-            ctc, mt = loss_on_batch(model, batch, 4, 2, tcfg)
+            ctc, mt, _ = loss_on_batch(model, batch, 4, 2, tcfg)
         (ctc + mt).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         runs.append((ctc.item(), mt.item(), grads, ctc.dtype))
@@ -627,6 +638,29 @@ def test_bf16_training_runs_resumes_in_float32_and_unknown_precisions_are_refuse
     assert "Traceback" not in err and not (tmp_path / "x" / "checkpoint.pt").exists()
 
 
+def test_distillation_is_the_kl_from_full_context_trained_through_the_stream(tmp_path, tone):
+    batch, tcfg, model = _a_batch_and_a_tiny_model(tmp_path, tone)
+    feats, lengths = batch[0], batch[1]
+    kd = replace(tcfg, distill_weight=0.5)
+    assert loss_on_batch(model, batch, 4, 2, tcfg).distill == 0  # off by default
+    assert loss_on_batch(model, batch, -1, 2, kd).distill == 0  # nothing to distil in full context
+    # one chunk as long as the batch is full context: the same posteriors, nothing to learn
+    assert loss_on_batch(model, batch, feats.shape[1], 2, kd).distill.abs() < 1e-6
+    model.zero_grad()
+    losses = loss_on_batch(model, batch, 2, 2, kd)
+    with torch.no_grad():
+        student, frame_lengths = model.encoder(feats, lengths, 2)
+        teacher, _ = model.encoder(feats, lengths, -1)
+    p, q = model.ctc_log_probs(teacher), model.ctc_log_probs(student)
+    per_frame = (p.exp() * (p - q)).sum(-1)
+    expected = torch.stack([per_frame[i, :n].sum() for i, n in enumerate(frame_lengths)]).sum()
+    assert losses.distill.item() == pytest.approx((expected / frame_lengths.sum()).item(), rel=1e-4)
+    assert losses.distill > 0
+    losses.distill.backward()  # the teacher has no graph: only the streamed pass is trained
+    assert model.ctc_head.weight.grad.abs().sum() > 0
+    assert model.decoder.out.weight.grad is None
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -636,7 +670,7 @@ def test_a_batch_gives_the_same_loss_and_gradients_on_cuda(tmp_path, tone):
     grads = []
     for device in ("cpu", "cuda"):
         model.to(device).zero_grad()
-        ctc, mt = loss_on_batch(model, to_device(batch, torch.device(device)), 4, 2, tcfg)
+        ctc, mt, _ = loss_on_batch(model, to_device(batch, torch.device(device)), 4, 2, tcfg)
         (ctc + mt).backward()
         grads.append([p.grad.detach().cpu().clone() for p in model.parameters()])
         if device == "cpu":
