@@ -33,7 +33,7 @@ from .decoding import SpeechWaitKTranslator, ctc_greedy_tokens, speech_units, tr
 from .features import FeatureConfig, FeatureStats, LogMel, RunningStats
 from .lm import LEXICON_FILE, LM_FILE
 from .manifest import Utterance, read_manifest
-from .model import SpeechTranslator, wait_k_visible_frames
+from .model import SpeechTranslator, lengths_to_mask, wait_k_visible_frames
 from .policy import WaitK
 from .text import Tokenizer, normalize_transcript, train_tokenizer
 
@@ -412,7 +412,7 @@ def full_context_kl(
     with torch.no_grad():
         teacher = model.ctc_log_probs(model.encoder(feats, lengths, -1)[0])
     per_frame = F.kl_div(log_probs, teacher, reduction="none", log_target=True).sum(-1)
-    inside = torch.arange(per_frame.shape[1], device=per_frame.device) < frame_lengths[:, None]
+    inside = lengths_to_mask(frame_lengths, per_frame.shape[1])
     return (per_frame * inside).sum() / inside.sum().clamp_min(1)
 
 
