@@ -1372,11 +1372,20 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("manifest", type=Path, help="utterances to join into long streams")
     _add_session_options(bench)
     bench.add_argument("--minutes", default="2,30", help="stream lengths (default 2,30)")
+    bench.add_argument(
+        "--per-utterance",
+        type=Path,
+        metavar="FILE",
+        help="also write each played utterance's share of the stream's transcript and its word"
+        " errors to this JSON-lines file (a line per utterance per stream)",
+    )
     bench.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import bench_stream
+    import json
+
+    from .bench import bench_stream, utterance_records
     from .manifest import read_audio_manifest
 
     try:
@@ -1387,18 +1396,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ) from None
     utterances = read_audio_manifest(args.manifest, limit=200)
     bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
-    print(
-        "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB"
-        "  segments  WER %"
-    )
-    for minutes in lengths:
-        r = bench_stream(bundle, utterances, minutes, options)
+    with contextlib.ExitStack() as stack:
+        out = None
+        if args.per_utterance is not None:
+            try:
+                out = stack.enter_context(open(args.per_utterance, "w", encoding="utf-8"))
+            except OSError as err:
+                raise UsageError(f"--per-utterance: {err.strerror}: {args.per_utterance}") from None
         print(
-            f"{r.minutes:7.1f}  {r.rtf:.3f}  {r.chunk_p50_ms:12.1f}  {r.chunk_p99_ms:12.1f}  "
-            f"{r.rss_start_mb:12.0f}  {r.rss_peak_mb:11.0f}  {r.rss_end_mb:10.0f}  {r.segments:8d}"
-            f"  {'-' if r.wer is None else f'{r.wer:5.2f}'}",
-            flush=True,
+            "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB"
+            "  segments  WER %"
         )
+        for minutes in lengths:
+            r = bench_stream(bundle, utterances, minutes, options)
+            print(
+                f"{r.minutes:7.1f}  {r.rtf:.3f}  {r.chunk_p50_ms:12.1f}  {r.chunk_p99_ms:12.1f}  "
+                f"{r.rss_start_mb:12.0f}  {r.rss_peak_mb:11.0f}  {r.rss_end_mb:10.0f}"
+                f"  {r.segments:8d}  {'-' if r.wer is None else f'{r.wer:5.2f}'}",
+                flush=True,
+            )
+            for line in utterance_records(r.plan, r.transcripts) if out is not None else ():
+                out.write(json.dumps({"minutes": minutes, **line}, ensure_ascii=False) + "\n")
     return 0
 
 

@@ -288,11 +288,41 @@ def test_bench_streams_whole_utterances_and_scores_their_transcripts(manifest, t
     assert result.wer is not None and result.wer >= 0 and result.segments >= 1
 
 
-def test_bench_prints_speed_memory_and_wer(manifest, tiny_bundle_dir, capsys):
-    assert main(["bench", str(manifest), "--model", str(tiny_bundle_dir), "--minutes", "0.1"]) == 0
+def test_bench_gives_each_utterance_the_segments_that_lie_in_its_span(manifest):
+    from streamasr import bench
+    from streamasr.session import Segment
+
+    plan = bench.stream_plan(read_manifest(manifest), 0.15, bench.PAUSE_MS)  # a 2.3 s, b 4.6 s, a
+    # the utterances start at 0, 3.3 and 8.9 s of the stream
+    segments = [
+        Segment(0, 40, 2200, "a man in", ""),
+        Segment(1, 2400, 3000, "an orange hat", ""),  # split at a pause inside a, ends in its pause
+        Segment(2, 3200, 7800, "two dogs", ""),  # begins just before b's start: its middle is in b
+        Segment(3, 9000, 11000, "", ""),  # nothing read
+    ]
+    transcripts = bench.utterance_transcripts(plan, bench.PAUSE_MS, segments)
+    assert transcripts == ["a man in an orange hat", "two dogs", ""]
+    records = bench.utterance_records(plan, transcripts)
+    assert [(r["id"], r["words"], r["errors"]) for r in records] == [
+        ("a", 6, 0),
+        ("b", 3, 1),
+        ("a", 6, 6),
+    ]
+    assert records[1]["reference"] == "two dogs play" and records[2]["transcript"] == ""
+
+
+def test_bench_prints_speed_memory_and_wer(manifest, tiny_bundle_dir, tmp_path, capsys):
+    lines = tmp_path / "per-utterance.jsonl"
+    args = ["bench", str(manifest), "--model", str(tiny_bundle_dir), "--minutes", "0.1"]
+    assert main([*args, "--per-utterance", str(lines)]) == 0
     header, row = capsys.readouterr().out.strip().splitlines()
     assert header.split()[-2:] == ["WER", "%"]
     assert len(row.split()) == 9 and float(row.split()[-1]) >= 0
+    records = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["a", "b"] and {r["minutes"] for r in records} == {0.1}
+    assert all(r["errors"] is not None and r["words"] > 0 for r in records)
+    assert main([*args, "--per-utterance", str(tmp_path / "missing" / "x.jsonl")]) == 2
+    assert "--per-utterance: No such file or directory" in capsys.readouterr().err
 
 
 def test_tune_beam_reads_each_file_as_the_playback_plays_it(manifest, tiny_bundle, monkeypatch):
