@@ -1395,14 +1395,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"--minutes: expected numbers such as 2,30, got {args.minutes!r}"
         ) from None
     utterances = read_audio_manifest(args.manifest, limit=200)
-    bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
     with contextlib.ExitStack() as stack:
         out = None
-        if args.per_utterance is not None:
+        if args.per_utterance is not None:  # a bad path fails before the model loads
             try:
                 out = stack.enter_context(open(args.per_utterance, "w", encoding="utf-8"))
             except OSError as err:
                 raise UsageError(f"--per-utterance: {err.strerror}: {args.per_utterance}") from None
+        bundle, options = _load_model(args, translate=args.translate, wait_k=args.wait_k)
         print(
             "minutes  RTF    chunk p50 ms  chunk p99 ms  RSS start MB  RSS peak MB  RSS end MB"
             "  segments  WER %"
