@@ -7,6 +7,7 @@ Loading reads JSON, safetensors, sentencepiece and text files only: nothing is u
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import shutil
 import tempfile
@@ -30,6 +31,21 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "base"
 TIED = ("decoder.out.weight", "transcript_decoder.out.weight")
 FILES = ("config.json", "model.safetensors", "feature_stats.safetensors", "en.model", "de.model")
 TRANSCRIPT_TOKENIZER = "transcript.model"
+# What a companion encoder shares with the main one (`with_companion`): all but the depth.
+COMPANION_FIELDS = (
+    "n_mels",
+    "feature_hop_ms",
+    "subsampling_layers",
+    "subsampling_channels",
+    "d_model",
+    "n_heads",
+    "d_ff",
+    "conv_kernel",
+    "left_context_frames",
+    "lookahead_frames",
+    "right_context_frames",
+    "en_vocab",
+)
 
 
 class ModelFolderError(ValueError):
@@ -132,6 +148,21 @@ def transcript_pieces(folder: Path, config: ModelConfig) -> Tokenizer | None:
     return Tokenizer(folder / TRANSCRIPT_TOKENIZER)
 
 
+def _check_same_inputs(first: Bundle, first_folder: Path, other: Bundle, folder: Path) -> None:
+    """Both folders read the same features and write the same pieces: tokenizers and feature
+    statistics identical, else ModelFolderError."""
+    pieces = (first.en, first.de, first.transcript_pieces)
+    names = [tok.path.name for tok in pieces if tok is not None]
+    stats_differ = not (
+        torch.equal(other.stats.mean, first.stats.mean)
+        and torch.equal(other.stats.std, first.stats.std)
+    )
+    differ = [n for n in names if not filecmp.cmp(first_folder / n, folder / n, shallow=False)]
+    if stats_differ or differ:
+        what = ", ".join(differ + ["feature_stats.safetensors"] * stats_differ)
+        raise ModelFolderError(f"{folder}: {what} differ from {first_folder}'s")
+
+
 def average_bundles(folders: Sequence[Path]) -> Bundle:
     """The uniform mean of the weights of model folders that differ in nothing else (the same
     config.json, tokenizers and feature statistics): a weight average of runs fine-tuned one
@@ -140,19 +171,10 @@ def average_bundles(folders: Sequence[Path]) -> Bundle:
         raise ModelFolderError("averaging needs at least two model folders")
     bundles = [load_bundle(folder) for folder in folders]
     first = bundles[0]
-    pieces = (first.en, first.de, first.transcript_pieces)
-    names = [tok.path.name for tok in pieces if tok is not None]
     for folder, other in zip(folders[1:], bundles[1:]):
         if other.config != first.config:
             raise ModelFolderError(f"{folder}: config.json differs from {folders[0]}'s")
-        stats_differ = not (
-            torch.equal(other.stats.mean, first.stats.mean)
-            and torch.equal(other.stats.std, first.stats.std)
-        )
-        differ = [n for n in names if not filecmp.cmp(folders[0] / n, folder / n, shallow=False)]
-        if stats_differ or differ:
-            what = ", ".join(differ + ["feature_stats.safetensors"] * stats_differ)
-            raise ModelFolderError(f"{folder}: {what} differ from {folders[0]}'s")
+        _check_same_inputs(first, folders[0], other, folder)
     states = [bundle.model.state_dict() for bundle in bundles]
     mean = {
         name: sum(state[name] for state in states) / len(states)
@@ -162,6 +184,35 @@ def average_bundles(folders: Sequence[Path]) -> Bundle:
     }
     first.model.load_state_dict(mean)
     return first
+
+
+def with_companion(main: Path, second: Path, weight: float = 0.5) -> Bundle:
+    """The folder `main` with the encoder and CTC head of `second` as its companion (config
+    `companion_encoder_layers`): the transcript reads the weighted mean of both recognizers'
+    posteriors, `weight` the companion's share; everything else is main's. Both must read the same features and write the same pieces, and
+    their encoders differ in depth at most (the same frames, chunk grid and right context)."""
+    first, other = load_bundle(main), load_bundle(second)
+    if first.model.companion is not None or other.model.companion is not None:
+        raise ModelFolderError("a companion's model folder must not have a companion itself")
+    differ = [n for n in COMPANION_FIELDS if getattr(first.config, n) != getattr(other.config, n)]
+    if differ:
+        raise ModelFolderError(
+            f"{second}: config.json differs from {main}'s in {', '.join(differ)}"
+        )
+    _check_same_inputs(first, main, other, second)
+    config = dataclasses.replace(
+        first.config,
+        companion_encoder_layers=other.config.encoder_layers,
+        companion_weight=weight,
+    )
+    model = SpeechTranslator(config)
+    state = first.model.state_dict()
+    for part in ("encoder", "ctc_head"):
+        for name, tensor in getattr(other.model, part).state_dict().items():
+            state[f"companion.{part}.{name}"] = tensor
+    model.load_state_dict(state)
+    model.eval()
+    return dataclasses.replace(first, config=config, model=model)
 
 
 def load_bundle(folder: str | Path | None = None) -> Bundle:

@@ -304,6 +304,27 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     average.add_argument("--out", type=Path, required=True, help="model folder to write")
     average.add_argument("--dtype", **DTYPE_ARGUMENT)
     average.set_defaults(func=cmd_average)
+
+    companion = sub.add_parser(
+        "companion",
+        help="a model folder whose transcript also reads a second model's encoder (an ensemble)",
+        description="Write MAIN's folder with SECOND's encoder and CTC head beside its own: the"
+        " transcript's CTC posteriors become a weighted mean of the two recognizers' (the"
+        " encoder compute of both); translation and everything else stay MAIN's.",
+    )
+    companion.add_argument("main", type=Path, help="model folder: everything but the companion")
+    companion.add_argument(
+        "second", type=Path, help="model folder whose encoder and CTC head join it"
+    )
+    companion.add_argument(
+        "--weight",
+        type=_fraction,
+        default=0.5,
+        help="the companion's share of the posterior mean, in (0, 1) (default 0.5)",
+    )
+    companion.add_argument("--out", type=Path, required=True, help="model folder to write")
+    companion.add_argument("--dtype", **DTYPE_ARGUMENT)
+    companion.set_defaults(func=cmd_companion)
     lm = sub.add_parser(
         "lm", help="add a word LM of the training transcripts to a model folder (beam search)"
     )
@@ -455,6 +476,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_companion(args: argparse.Namespace) -> int:
+    from .bundle import with_companion
+
+    with_companion(args.main, args.second, args.weight).save(args.out, args.dtype)
+    _report_written(args.out, args.dtype, f"{args.main} with {args.second}'s encoder, ")
+    return 0
+
+
 def cmd_average(args: argparse.Namespace) -> int:
     from .bundle import average_bundles
 
@@ -489,6 +518,17 @@ def _manifest_count(text: str) -> tuple[Path, int | None]:
     """MANIFEST or MANIFEST:N."""
     path, sep, count = text.rpartition(":")
     return (Path(path), _positive_int(count)) if sep else (Path(text), None)
+
+
+def _fraction(text: str) -> float:
+    """A number strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}")
+    return value
 
 
 def _room(text: str) -> tuple[float, float]:

@@ -54,12 +54,19 @@ class ModelConfig:
     transcript_vocab: int = 0
     cascade_dropout: float = 0.1  # dropout of the transcript encoder and its decoder
     translate_from: str = "speech"  # the default source of translation: "speech" or "transcript"
+    # A second streaming encoder of this many blocks, with a CTC head of its own, read beside the
+    # first: the transcript's posteriors are a weighted mean of the two, the companion's share
+    # `companion_weight` (translation from speech reads the first encoder only). 0 = none.
+    companion_encoder_layers: int = 0
+    companion_weight: float = 0.5
 
     def __post_init__(self) -> None:
         if self.translate_from not in TRANSLATION_SOURCES:
             raise ValueError(f"translate_from must be one of {TRANSLATION_SOURCES}")
         if self.translate_from == "transcript" and not self.transcript_encoder_layers:
             raise ValueError("translate_from='transcript' needs transcript_encoder_layers > 0")
+        if not 0 < self.companion_weight < 1:
+            raise ValueError(f"companion_weight must be in (0, 1), got {self.companion_weight}")
         if not 0 <= self.unit_shift_frames < self.unit_frames:
             raise ValueError(f"unit_shift_frames must be in [0, {self.unit_frames})")
 

@@ -94,10 +94,10 @@ def ctc_log_probs(bundle: Bundle, audio: np.ndarray, chunk_frames: int) -> torch
     encoder's (tested); chunk_frames=-1 is full context."""
     feats = bundle.stats.normalize(LogMel(bundle.config.feature_config())(torch.from_numpy(audio)))
     with torch.inference_mode():
-        frames, _ = bundle.model.encoder(
-            feats[None], torch.tensor([feats.shape[0]]), chunk_frames=chunk_frames
+        _, log_probs = bundle.model.encode_transcript(
+            feats[None], torch.tensor([feats.shape[0]]), chunk_frames
         )
-        return bundle.model.ctc_log_probs(frames)
+        return log_probs
 
 
 def full_context_pass(

@@ -713,9 +713,20 @@ class TranscriptEncoder(nn.Module):
 # --------------------------------------------------------------------------- the whole model
 
 
+class CtcCompanion(nn.Module):
+    """A second streaming encoder with a CTC head of its own, trained apart: its posteriors are
+    averaged with the main encoder's for the transcript (an ensemble of two recognizers)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.encoder = StreamingEncoder(cfg)
+        self.ctc_head = nn.Linear(cfg.d_model, cfg.en_vocab)
+
+
 class SpeechTranslator(nn.Module):
     """Encoder + CTC head (transcript) + wait-k decoder over the encoder frames (translation),
-    and optionally a cascade: transcript encoder + its own wait-k decoder."""
+    optionally a cascade: transcript encoder + its own wait-k decoder, and optionally a
+    companion encoder whose CTC posteriors are averaged into the transcript's."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -727,6 +738,9 @@ class SpeechTranslator(nn.Module):
             cascade = replace(cfg, dropout=cfg.cascade_dropout)
             self.transcript_encoder = TranscriptEncoder(cascade)
             self.transcript_decoder = TranslationDecoder(cascade)
+        self.companion = None
+        if cfg.companion_encoder_layers:
+            self.companion = CtcCompanion(replace(cfg, encoder_layers=cfg.companion_encoder_layers))
 
     @property
     def has_cascade(self) -> bool:
@@ -736,6 +750,28 @@ class SpeechTranslator(nn.Module):
         """(B, T, D) -> (B, T, V_en) log-probabilities (float32, under bf16 autocast too); id 0
         is the blank."""
         return self.ctc_head(frames).float().log_softmax(-1)
+
+    def transcript_log_probs(self, frames: Tensor, companion_frames: Tensor | None) -> Tensor:
+        """The transcript's CTC log-probabilities (B, T, V_en): the head's over the encoder
+        frames, or with a companion the log of the weighted mean of both heads' probabilities
+        over the same frames (each encoder's own, `companion_frames`)."""
+        log_probs = self.ctc_log_probs(frames)
+        if self.companion is None:
+            return log_probs
+        other = self.companion.ctc_head(companion_frames).float().log_softmax(-1)
+        share = self.cfg.companion_weight
+        return torch.logaddexp(log_probs + math.log1p(-share), other + math.log(share))
+
+    def encode_transcript(
+        self, feats: Tensor, feat_lengths: Tensor, chunk_frames: int
+    ) -> tuple[Tensor, Tensor]:
+        """Whole sequences -> the encoder frames (B, T, D) and the transcript's log-probs
+        (B, T, V_en), each encoder under the same chunk mask (`StreamingEncoder.forward`)."""
+        frames, _ = self.encoder(feats, feat_lengths, chunk_frames)
+        companion = None
+        if self.companion is not None:
+            companion, _ = self.companion.encoder(feats, feat_lengths, chunk_frames)
+        return frames, self.transcript_log_probs(frames, companion)
 
     @property
     def num_parameters(self) -> int:

@@ -211,6 +211,12 @@ class Session:
         self.feature_state = self.features.init_state()
         self.pending_feats = torch.zeros(0, cfg.n_mels)
         self.encoder_state = bundle.model.encoder.init_state(chunk_frames=self.chunk_frames)
+        companion = bundle.model.companion
+        self.companion_state = (
+            None
+            if companion is None
+            else companion.encoder.init_state(chunk_frames=self.chunk_frames)
+        )
         self.ctc_state = CtcState()
         self.beam = bundle.beam_search(options.beam)
         self.clock = VirtualClock() if clock == "virtual" else WallClock()
@@ -311,15 +317,24 @@ class Session:
         self.pending_feats = self.pending_feats[feature_frames:]
         self.feature_frames_used += feature_frames
         if self.pause_keep_frames is not None and not self.segment.started:
-            self.encoder_state = self.encoder_state.forget(self._pause_keep_frames())
+            keep = self._pause_keep_frames()
+            self.encoder_state = self.encoder_state.forget(keep)
+            if self.companion_state is not None:
+                self.companion_state = self.companion_state.forget(keep)
         if self.sound is not None:
             self.sound.update(raw)
-        feats = self.bundle.stats.normalize(raw)
-        frames, self.encoder_state = model.encoder.step(feats[None], self.encoder_state, final)
+        feats = self.bundle.stats.normalize(raw)[None]
+        frames, self.encoder_state = model.encoder.step(feats, self.encoder_state, final)
+        companion_frames = None
+        if self.companion_state is not None:  # the same chunk grid: the same frames complete
+            companion_frames, self.companion_state = model.companion.encoder.step(
+                feats, self.companion_state, final
+            )
         first_frame = self.encoder_state.frames_done - frames.shape[1]
         events: list[Event] = []
         if frames.shape[1]:  # with lookahead, a stream's first chunk may complete no frame
-            events = self._transcript(model.ctc_log_probs(frames)[0], first_frame, delay_ms)
+            log_probs = model.transcript_log_probs(frames, companion_frames)[0]
+            events = self._transcript(log_probs, first_frame, delay_ms)
             events += self._translate(frames, first_frame, delay_ms, self._new_words(events))
         seg = self.segment
         silence_ms = self.ctc_state.trailing_blank_frames * cfg.frame_ms

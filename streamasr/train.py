@@ -487,6 +487,11 @@ def train(
         # dropped); `add_encoder_layers` blocks go on top of the init's, starting as the identity.
         # A resumed warm start has the same shape, so it passes the check below.
         init_cfg = ModelConfig.load(init / "config.json")
+        if init_cfg.companion_encoder_layers:
+            raise TrainError(
+                f"{init}: has a companion encoder, which training would not touch: start from"
+                " the main model's folder and add the companion afterwards (`streamasr companion`)"
+            )
         right = cfg.right_context_frames or init_cfg.right_context_frames
         lookahead = cfg.lookahead_frames or (0 if right else init_cfg.lookahead_frames)
         cfg = replace(

@@ -129,6 +129,26 @@ def tiny_bundle_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def companion_bundle_dir(tiny_bundle_dir, tmp_path_factory):
+    """The tiny model folder with a companion: another seeded encoder of one block, its CTC
+    head calibrated as the first's (`streamasr companion`)."""
+    import dataclasses
+
+    from streamasr.bundle import load_bundle, with_companion
+    from streamasr.model import SpeechTranslator
+
+    tiny = load_bundle(tiny_bundle_dir)
+    second = tmp_path_factory.mktemp("tiny_second")
+    torch.manual_seed(1)
+    model = SpeechTranslator(dataclasses.replace(tiny.config, encoder_layers=1)).eval()
+    calibrate_ctc_head(model, tiny.stats)
+    dataclasses.replace(tiny, config=model.cfg, model=model).save(second)
+    folder = tmp_path_factory.mktemp("tiny_companion")
+    with_companion(tiny_bundle_dir, second).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_bundle(tiny_bundle_dir):
     from streamasr.bundle import load_bundle
 

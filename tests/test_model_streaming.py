@@ -413,3 +413,21 @@ def test_shifted_units_end_with_the_chunks_of_a_lookahead_encoder(tiny_config, c
                 arrived = end * 10 // cfg.unit_ms  # units of audio so far
                 late = shift == 0 and end * 10 % cfg.unit_ms == 0
                 assert len(units.unit_ends) == arrived - late, (shift, end)
+
+
+def test_companion_posteriors_are_the_weighted_mean_of_both(tiny_config):
+    from streamasr.model import SpeechTranslator
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, companion_encoder_layers=1, companion_weight=0.3)
+    model = SpeechTranslator(cfg).eval()
+    feats = torch.randn(2, 64, cfg.n_mels)
+    with torch.no_grad():
+        frames, fused = model.encode_transcript(feats, torch.tensor([64, 48]), 4)
+        main = model.ctc_log_probs(frames).exp()
+        second, _ = model.companion.encoder(feats, torch.tensor([64, 48]), 4)
+        other = model.companion.ctc_head(second).log_softmax(-1).exp()
+    assert torch.allclose(fused.exp(), 0.7 * main + 0.3 * other, atol=1e-6)
+    assert torch.allclose(fused.logsumexp(-1), torch.zeros(2, 16), atol=1e-5)
+    with pytest.raises(ValueError, match="companion_weight"):
+        dataclasses.replace(cfg, companion_weight=1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -179,29 +180,76 @@ def test_lookahead_session_equals_the_whole_pass(lookahead_bundle, tone, chunk_m
     assert [w.text for w in session.transcript_words] == whole != []
 
 
+@pytest.fixture(scope="module")
+def companion_bundle(companion_bundle_dir):
+    from streamasr.bundle import load_bundle
+
+    return load_bundle(companion_bundle_dir)
+
+
+@pytest.mark.parametrize("chunk_ms", [160, 320])
+def test_companion_session_equals_the_whole_pass(companion_bundle, tone, chunk_ms, monkeypatch):
+    """Two encoders stepped chunk by chunk, each with its own carried state, give the fused
+    log-probs of both run over the whole stream under the chunk mask; the fusion is neither
+    encoder's alone."""
+    from streamasr.decoding import ctc_greedy_tokens
+    from streamasr.evaluate import ctc_log_probs
+
+    model, stepped = companion_bundle.model, []
+    fuse = model.transcript_log_probs
+
+    def spy(frames, companion_frames):
+        stepped.append(fuse(frames, companion_frames)[0])
+        return stepped[-1][None]
+
+    monkeypatch.setattr(model, "transcript_log_probs", spy)
+    audio = np.concatenate([tone, np.zeros(16000, np.float32), tone])  # longer than the lookback
+    options = dict(chunk_ms=chunk_ms, pause_lookback_ms=None)  # the whole pass never forgets
+    results = [run(companion_bundle, audio, n, **options) for n in (160, 16000)]
+    assert texts(results[0][1]) == texts(results[1][1])
+    monkeypatch.undo()
+    chunk_frames = companion_bundle.config.chunk_frames(chunk_ms)
+    whole = ctc_log_probs(companion_bundle, audio, chunk_frames)[0]
+    streamed = torch.cat(stepped[: len(stepped) // 2])  # the first run's chunks
+    assert streamed.shape == whole.shape
+    assert (streamed - whole).abs().max().item() <= 1e-4
+    session = results[0][0]
+    words = companion_bundle.en.decode(ctc_greedy_tokens(whole)).split()
+    assert [w.text for w in session.transcript_words] == words != []
+    alone = dataclasses.replace(companion_bundle, model=SimpleNamespace(
+        encode_transcript=lambda *a: (None, model.ctc_log_probs(model.encoder(*a)[0]))
+    ))  # fmt: skip
+    assert (ctc_log_probs(alone, audio, chunk_frames)[0] - whole).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("companion", [False, True], ids=["one-encoder", "companion"])
 @pytest.mark.parametrize("pause_lookback_ms", [None, 160])
 def test_pause_lookback_forgets_the_silence_before_speech(
-    tiny_bundle, tone, monkeypatch, pause_lookback_ms
+    tiny_bundle, companion_bundle, tone, monkeypatch, pause_lookback_ms, companion
 ):
     """With a pause lookback, speech after 1.28 s of silence is read as after 3.84 s: the
-    encoder does not look back past the pause's last frames. Without it, the longer lookback
+    encoders do not look back past the pause's last frames. Without it, the longer lookback
     (64 frames, 2.56 s here) still reaches the stream's start after the shorter pause."""
-    encoder = tiny_bundle.model.encoder
-    monkeypatch.setattr(encoder, "cfg", dataclasses.replace(encoder.cfg, left_context_frames=64))
-    model, log_probs = tiny_bundle.model, []
-    ctc_log_probs = model.ctc_log_probs
+    bundle = companion_bundle if companion else tiny_bundle
+    model, log_probs = bundle.model, []
+    encoders = [model.encoder] + ([model.companion.encoder] if companion else [])
+    for encoder in encoders:
+        monkeypatch.setattr(
+            encoder, "cfg", dataclasses.replace(encoder.cfg, left_context_frames=64)
+        )
+    fuse = model.transcript_log_probs
 
-    def spy(frames):
-        log_probs.append(ctc_log_probs(frames)[0])
+    def spy(frames, companion_frames):
+        log_probs.append(fuse(frames, companion_frames)[0])
         return log_probs[-1][None]
 
-    monkeypatch.setattr(model, "ctc_log_probs", spy)
+    monkeypatch.setattr(model, "transcript_log_probs", spy)
     speech_frames = len(tone) // 640  # 40 ms encoder frames
     after = []
     for pause_s in (1.28, 3.84):  # whole 320 ms chunks: the speech starts on a chunk boundary
         log_probs.clear()
         audio = np.concatenate([np.zeros(int(pause_s * 16000), np.float32), tone])
-        session, _ = run(tiny_bundle, audio, 3200, pause_lookback_ms=pause_lookback_ms)
+        session, _ = run(bundle, audio, 3200, pause_lookback_ms=pause_lookback_ms)
         after.append(torch.cat(log_probs)[-speech_frames:])
         assert any(w.text for w in session.transcript_words)  # the tone was read as speech
     gap = (after[0] - after[1]).abs().max().item()

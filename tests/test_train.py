@@ -17,7 +17,7 @@ import torch
 from conftest import SENTENCES_DE, SENTENCES_EN
 
 from streamasr.augment import AugmentConfig, augment_logmel, reverberate
-from streamasr.bundle import ModelFolderError, average_bundles, load_bundle
+from streamasr.bundle import ModelFolderError, average_bundles, load_bundle, with_companion
 from streamasr.cli import main
 from streamasr.config import ModelConfig
 from streamasr.model import SpeechTranslator
@@ -192,6 +192,9 @@ def test_added_encoder_layers_start_as_the_identity_then_learn(tmp_path, tone):
     assert_same_weights(exported.model, again)
     with pytest.raises(TrainError, match="needs an init"):
         train(corpus, tmp_path / "e", TINY, tcfg, add_encoder_layers=1)
+    replace(exported.config, companion_encoder_layers=1).save(tmp_path / "model_c" / "config.json")
+    with pytest.raises(TrainError, match="has a companion encoder"):
+        train(corpus, tmp_path / "f", ModelConfig(), tcfg, init=tmp_path / "model_c")
 
 
 def test_a_killed_warm_start_resumes_exactly(tmp_path, tone):
@@ -531,6 +534,45 @@ def test_average_of_model_folders(tmp_path, tone):
     shutil.copyfile(other / "en.model", other / "de.model")
     with pytest.raises(ModelFolderError, match="de.model differ"):
         average_bundles([first, other])
+
+
+def test_companion_folder_holds_both_encoders(tiny_bundle_dir, tmp_path, capsys):
+    """`streamasr companion MAIN SECOND`: MAIN's weights and SECOND's encoder and CTC head,
+    stored and loaded back; a second folder of other features, pieces or frames is refused."""
+    tiny = load_bundle(tiny_bundle_dir)
+    torch.manual_seed(2)
+    model = SpeechTranslator(replace(tiny.config, encoder_layers=1)).eval()
+    second = tmp_path / "second"
+    replace(tiny, config=model.cfg, model=model).save(second)
+    out = tmp_path / "both"
+    assert main(["companion", str(tiny_bundle_dir), str(second), "--out", str(out),
+                 "--dtype", "float16", "--weight", "0.25"]) == 0  # fmt: skip
+    both = load_bundle(out)
+    assert both.config == replace(tiny.config, companion_encoder_layers=1, companion_weight=0.25)
+    state = both.model.state_dict()
+    for name, tensor in tiny.model.state_dict().items():
+        assert torch.equal(state[name], tensor.half().float()), name
+    for part in ("encoder", "ctc_head"):
+        for name, tensor in getattr(model, part).state_dict().items():
+            assert torch.equal(state[f"companion.{part}.{name}"], tensor.half().float()), name
+    assert len(state) == len(tiny.model.state_dict()) + len(model.encoder.state_dict()) + 2
+
+    def refused(first, message):
+        assert main(["companion", str(first), str(second), "--out", str(tmp_path / "x")]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "x").exists()
+
+    refused(out, "must not have a companion itself")
+    with pytest.raises(SystemExit):  # argparse: a share outside (0, 1)
+        main(["companion", str(tiny_bundle_dir), str(second), "--out", "x", "--weight", "1"])
+    assert "between 0 and 1" in capsys.readouterr().err
+    replace(tiny.config, encoder_layers=1, right_context_frames=2).save(second / "config.json")
+    refused(tiny_bundle_dir, "config.json differs from")
+    with pytest.raises(ModelFolderError, match="in right_context_frames"):
+        with_companion(tiny_bundle_dir, second)
+    model.cfg.save(second / "config.json")
+    shutil.copyfile(second / "de.model", second / "en.model")
+    refused(tiny_bundle_dir, "en.model differ")
 
 
 def write_eval_folder(folder, rows) -> None:
