@@ -189,8 +189,9 @@ def average_bundles(folders: Sequence[Path]) -> Bundle:
 def with_companion(main: Path, second: Path, weight: float = 0.5) -> Bundle:
     """The folder `main` with the encoder and CTC head of `second` as its companion (config
     `companion_encoder_layers`): the transcript reads the weighted mean of both recognizers'
-    posteriors, `weight` the companion's share; everything else is main's. Both must read the same features and write the same pieces, and
-    their encoders differ in depth at most (the same frames, chunk grid and right context)."""
+    posteriors, `weight` the companion's share; everything else is main's. Both must read the
+    same features and write the same pieces, and their encoders differ in depth at most (the
+    same frames, chunk grid and right context)."""
     first, other = load_bundle(main), load_bundle(second)
     if first.model.companion is not None or other.model.companion is not None:
         raise ModelFolderError("a companion's model folder must not have a companion itself")
