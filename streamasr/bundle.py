@@ -216,6 +216,21 @@ def with_companion(main: Path, second: Path, weight: float = 0.5) -> Bundle:
     return dataclasses.replace(first, config=config, model=model)
 
 
+def without_companion(bundle: Bundle, source: Path) -> Bundle:
+    """The bundle's main recognizer alone, its companion encoder and CTC head dropped: the
+    folder `with_companion` started from (the companion's share back to its default)."""
+    if bundle.model.companion is None:
+        raise ModelFolderError(f"{source}: has no companion encoder to drop")
+    config = dataclasses.replace(
+        bundle.config, companion_encoder_layers=0, companion_weight=ModelConfig.companion_weight
+    )
+    model = SpeechTranslator(config)
+    state = bundle.model.state_dict()
+    model.load_state_dict({k: v for k, v in state.items() if not k.startswith("companion.")})
+    model.eval()
+    return dataclasses.replace(bundle, config=config, model=model)
+
+
 def load_bundle(folder: str | Path | None = None) -> Bundle:
     folder = Path(folder) if folder is not None else DEFAULT_MODEL_DIR
     missing = [name for name in FILES if not (folder / name).is_file()]

@@ -293,6 +293,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     source.add_argument("--model", type=Path, help="model folder (to store it in another --dtype)")
     export.add_argument("--out", type=Path, required=True, help="model folder to write")
     export.add_argument("--dtype", **DTYPE_ARGUMENT)
+    export.add_argument(
+        "--without-companion",
+        action="store_true",
+        help="with --model: write its main recognizer alone, the companion encoder dropped (what"
+        " training starts from)",
+    )
     export.set_defaults(func=cmd_export)
     average = sub.add_parser(
         "average",
@@ -463,11 +469,16 @@ def _user_text(path: Path) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .bundle import load_bundle
+    from .bundle import load_bundle, without_companion
     from .train import export
 
+    if args.without_companion and args.model is None:
+        raise UsageError("--without-companion reads a model folder: give --model")
     if args.model is not None:
-        load_bundle(args.model).save(args.out, args.dtype)
+        bundle = load_bundle(args.model)
+        if args.without_companion:
+            bundle = without_companion(bundle, args.model)
+        bundle.save(args.out, args.dtype)
     elif (args.work / "checkpoint.pt").is_file():
         export(args.work, args.out, args.dtype)
     else:

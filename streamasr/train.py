@@ -489,8 +489,9 @@ def train(
         init_cfg = ModelConfig.load(init / "config.json")
         if init_cfg.companion_encoder_layers:
             raise TrainError(
-                f"{init}: has a companion encoder, which training would not touch: start from"
-                " the main model's folder and add the companion afterwards (`streamasr companion`)"
+                f"{init}: has a companion encoder, which training would not touch: start from its"
+                " main model (`streamasr export --model FOLDER --without-companion --out DIR`) and"
+                " add the companion afterwards (`streamasr companion`)"
             )
         right = cfg.right_context_frames or init_cfg.right_context_frames
         lookahead = cfg.lookahead_frames or (0 if right else init_cfg.lookahead_frames)

@@ -556,6 +556,17 @@ def test_companion_folder_holds_both_encoders(tiny_bundle_dir, tmp_path, capsys)
         for name, tensor in getattr(model, part).state_dict().items():
             assert torch.equal(state[f"companion.{part}.{name}"], tensor.half().float()), name
     assert len(state) == len(tiny.model.state_dict()) + len(model.encoder.state_dict()) + 2
+    alone = tmp_path / "alone"  # the way back: what training starts from
+    assert main(["export", "--model", str(out), "--without-companion", "--out", str(alone)]) == 0
+    back = load_bundle(alone)
+    assert back.config == tiny.config
+    assert back.model.state_dict().keys() == tiny.model.state_dict().keys()
+    for name, tensor in tiny.model.state_dict().items():
+        assert torch.equal(back.model.state_dict()[name], tensor.half().float()), name
+    for source in (["--model", str(alone)], ["--work", str(tmp_path)]):
+        assert main(["export", *source, "--without-companion", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "has no companion encoder to drop" in err and "give --model" in err
 
     def refused(first, message):
         assert main(["companion", str(first), str(second), "--out", str(tmp_path / "x")]) == 2
