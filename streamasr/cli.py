@@ -290,7 +290,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     source = export.add_mutually_exclusive_group(required=True)
     source.add_argument("--work", type=Path, help="training work folder (its latest checkpoint)")
-    source.add_argument("--model", type=Path, help="model folder (to store it in another --dtype)")
+    source.add_argument(
+        "--model",
+        type=Path,
+        help="model folder (to store it in another --dtype or without its companion)",
+    )
     export.add_argument("--out", type=Path, required=True, help="model folder to write")
     export.add_argument("--dtype", **DTYPE_ARGUMENT)
     export.add_argument(

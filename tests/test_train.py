@@ -560,9 +560,10 @@ def test_companion_folder_holds_both_encoders(tiny_bundle_dir, tmp_path, capsys)
     assert main(["export", "--model", str(out), "--without-companion", "--out", str(alone)]) == 0
     back = load_bundle(alone)
     assert back.config == tiny.config
-    assert back.model.state_dict().keys() == tiny.model.state_dict().keys()
+    state = back.model.state_dict()
+    assert state.keys() == tiny.model.state_dict().keys()
     for name, tensor in tiny.model.state_dict().items():
-        assert torch.equal(back.model.state_dict()[name], tensor.half().float()), name
+        assert torch.equal(state[name], tensor.half().float()), name
     for source in (["--model", str(alone)], ["--work", str(tmp_path)]):
         assert main(["export", *source, "--without-companion", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
