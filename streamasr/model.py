@@ -723,6 +723,12 @@ class CtcCompanion(nn.Module):
         self.ctc_head = nn.Linear(cfg.d_model, cfg.en_vocab)
 
 
+def head_log_probs(head: nn.Linear, frames: Tensor) -> Tensor:
+    """(B, T, D) -> (B, T, V_en) log-probabilities of a CTC head (float32, under bf16 autocast
+    too); id 0 is the blank."""
+    return head(frames).float().log_softmax(-1)
+
+
 class SpeechTranslator(nn.Module):
     """Encoder + CTC head (transcript) + wait-k decoder over the encoder frames (translation),
     optionally a cascade: transcript encoder + its own wait-k decoder, and optionally a
@@ -747,9 +753,8 @@ class SpeechTranslator(nn.Module):
         return self.cfg.transcript_encoder_layers > 0
 
     def ctc_log_probs(self, frames: Tensor) -> Tensor:
-        """(B, T, D) -> (B, T, V_en) log-probabilities (float32, under bf16 autocast too); id 0
-        is the blank."""
-        return self.ctc_head(frames).float().log_softmax(-1)
+        """The main encoder's CTC log-probabilities (`head_log_probs`)."""
+        return head_log_probs(self.ctc_head, frames)
 
     def transcript_log_probs(self, frames: Tensor, companion_frames: Tensor | None) -> Tensor:
         """The transcript's CTC log-probabilities (B, T, V_en): the head's over the encoder
@@ -758,7 +763,7 @@ class SpeechTranslator(nn.Module):
         log_probs = self.ctc_log_probs(frames)
         if self.companion is None:
             return log_probs
-        other = self.companion.ctc_head(companion_frames).float().log_softmax(-1)
+        other = head_log_probs(self.companion.ctc_head, companion_frames)
         share = self.cfg.companion_weight
         return torch.logaddexp(log_probs + math.log1p(-share), other + math.log(share))
 
