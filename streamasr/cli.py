@@ -155,6 +155,7 @@ TRAIN_OPTIONS = (
     "source_noise",
     "full_context_prob",
     "distill_weight",
+    "teacher",
     "train_chunk_ms",
     "val_utterances",
     "threads",
@@ -172,6 +173,10 @@ OPTION_HELP = {
     "distill_weight": "in-place distillation: on chunked batches, this weight times the KL "
     "divergence of the streamed CTC posteriors from the same weights' full-context ones, per "
     "frame (default 0: none; costs a full-context encoder pass per batch)",
+    "teacher": "model folder whose full-context transcript posteriors (with its companion's, if"
+    " it has one) --distill-weight distils on every batch, in place of the model's own: an"
+    " ensemble's knowledge in one encoder (default: none; costs the teacher's full-context"
+    " pass per batch)",
     "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
     "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
     "val_utterances": "val utterances (text pairs with --cascade) validated on (default 60)",
@@ -376,6 +381,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     for flag, value in (("--multi30k", args.multi30k), ("--recognized", args.recognized)):
         if value and not args.cascade:
             raise UsageError(f"{flag} is for --cascade training (text pairs)")
+    if args.teacher and args.cascade:
+        raise UsageError("--teacher distils into the speech model, not the --cascade translator")
     if args.add_encoder_layers and args.cascade:
         raise UsageError(
             "--add-encoder-layers grows the speech model, not the --cascade translator"

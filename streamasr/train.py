@@ -9,6 +9,7 @@ folder.
 
 from __future__ import annotations
 
+import filecmp
 import json
 import logging
 import math
@@ -27,7 +28,14 @@ from tqdm import tqdm
 
 from .audio import load_audio
 from .augment import AugmentConfig, augment_logmel, spec_augment
-from .bundle import TRANSCRIPT_TOKENIZER, Bundle, lm_folder, load_bundle, transcript_pieces
+from .bundle import (
+    TRANSCRIPT_TOKENIZER,
+    Bundle,
+    ModelFolderError,
+    lm_folder,
+    load_bundle,
+    transcript_pieces,
+)
 from .config import ModelConfig
 from .decoding import SpeechWaitKTranslator, ctc_greedy_tokens, speech_units, translate_segment
 from .features import FeatureConfig, FeatureStats, LogMel, RunningStats
@@ -61,6 +69,9 @@ class TrainConfig:
     # divergence of the streamed CTC posteriors from the same weights' full-context ones (no
     # gradient through those), per frame; 0: none
     distill_weight: float = 0.0
+    # a model folder whose full-context transcript posteriors (its companion's mixed in, if it
+    # has one) the distillation reads instead of the same weights', on every batch; "": none
+    teacher: str = ""
     # chunk sizes (ms) drawn for the other batches, e.g. "160,160,320,640" (a size named twice is
     # drawn twice as often); empty: the model's chunk_frames_choices, uniformly
     train_chunk_ms: str = ""
@@ -355,11 +366,17 @@ def augment_config(tcfg: TrainConfig) -> AugmentConfig:
 class Losses(NamedTuple):
     ctc: torch.Tensor  # per transcript token
     mt: torch.Tensor  # per translation token
-    distill: torch.Tensor  # per frame; zero unless the batch is chunked and tcfg.distill_weight > 0
+    # per frame; zero unless tcfg.distill_weight > 0 and the batch is chunked or has a teacher
+    distill: torch.Tensor
 
 
 def loss_on_batch(
-    model: SpeechTranslator, batch, chunk_frames: int, wait_k: int | None, tcfg: TrainConfig
+    model: SpeechTranslator,
+    batch,
+    chunk_frames: int,
+    wait_k: int | None,
+    tcfg: TrainConfig,
+    teacher: SpeechTranslator | None = None,
 ) -> Losses:
     feats, lengths, en, de_in, de_out = batch
     with torch.set_grad_enabled(not tcfg.freeze_encoder and torch.is_grad_enabled()):
@@ -369,8 +386,9 @@ def loss_on_batch(
         ctc = frames.new_zeros(())
     else:
         log_probs = model.ctc_log_probs(frames)
-        if tcfg.distill_weight and chunk_frames > 0:
-            distill = full_context_kl(model, feats, lengths, log_probs, frame_lengths)
+        if tcfg.distill_weight and (chunk_frames > 0 or teacher is not None):
+            source = model if teacher is None else teacher
+            distill = full_context_kl(source, feats, lengths, log_probs, frame_lengths)
         en_lengths = torch.tensor([len(t) for t in en])
         ctc = F.ctc_loss(
             log_probs.transpose(0, 1),
@@ -399,21 +417,47 @@ def loss_on_batch(
 
 
 def full_context_kl(
-    model: SpeechTranslator,
+    teacher: SpeechTranslator,
     feats: torch.Tensor,
     lengths: torch.Tensor,
     log_probs: torch.Tensor,
     frame_lengths: torch.Tensor,
 ) -> torch.Tensor:
-    """KL(full context || streamed) of the CTC posteriors, summed over the vocabulary and
-    averaged over the frames inside each utterance: the in-place distillation of dual-mode ASR
-    (Yu et al., 2021), the teacher being the same weights without the chunk mask, in the same
-    mode, without gradient."""
+    """KL(teacher's full context || student's `log_probs`) of the CTC posteriors, summed over
+    the vocabulary and averaged over the frames inside each utterance, without gradient through
+    the teacher: the in-place distillation of dual-mode ASR (Yu et al., 2021) when the teacher
+    is the student's own weights in the same mode, or an ensemble's knowledge distilled when it
+    is another model (with its companion, if it has one)."""
     with torch.no_grad():
-        teacher = model.ctc_log_probs(model.encoder(feats, lengths, -1)[0])
-    per_frame = F.kl_div(log_probs, teacher, reduction="none", log_target=True).sum(-1)
+        target = teacher.encode_transcript(feats, lengths, -1)[1]
+    per_frame = F.kl_div(log_probs, target, reduction="none", log_target=True).sum(-1)
     inside = lengths_to_mask(frame_lengths, per_frame.shape[1])
     return (per_frame * inside).sum() / inside.sum().clamp_min(1)
+
+
+def load_teacher(
+    folder: Path, cfg: ModelConfig, stats: FeatureStats, en: Tokenizer
+) -> SpeechTranslator:
+    """The model folder `folder`'s recognizer (eval mode, no gradients) as a distillation
+    teacher, after checking it reads the student's features and writes its pieces over the same
+    frames; TrainError otherwise."""
+    try:
+        bundle = load_bundle(folder)
+    except ModelFolderError as err:
+        raise TrainError(f"--teacher {folder}: {err}") from None
+    fields = ("n_mels", "feature_hop_ms", "subsampling_layers", "en_vocab")
+    differ = [name for name in fields if getattr(bundle.config, name) != getattr(cfg, name)]
+    if not (
+        torch.equal(bundle.stats.mean, stats.mean) and torch.equal(bundle.stats.std, stats.std)
+    ):
+        differ.append("feature statistics")
+    if not filecmp.cmp(bundle.en.path, en.path, shallow=False):
+        differ.append("en.model")
+    if differ:
+        raise TrainError(
+            f"--teacher {folder}: differs from the model trained in {', '.join(differ)}"
+        )
+    return bundle.model.eval().requires_grad_(False)
 
 
 def validate(
@@ -476,6 +520,10 @@ def train(
     `extra` corpora add their train splits to the training data."""
     if add_encoder_layers and init is None:
         raise TrainError("adding encoder layers needs an init model to add them to")
+    if tcfg.teacher and tcfg.distill_weight <= 0:
+        raise TrainError(f"--teacher {tcfg.teacher}: give --distill-weight W > 0 to learn from it")
+    if tcfg.teacher and not (Path(tcfg.teacher) / "config.json").is_file():
+        raise TrainError(f"--teacher {tcfg.teacher}: not a model folder (no config.json)")
     torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     device = train_device(tcfg.device)
@@ -537,6 +585,9 @@ def train(
                 "the init's lookahead dropped for %d right-context frames", cfg.right_context_frames
             )
     model.to(device)
+    teacher = None
+    if tcfg.teacher:
+        teacher = load_teacher(Path(tcfg.teacher), cfg, stats, en).to(device)
     log.info(
         "model: %.2f M parameters; %d train utterances; on %s",
         model.num_parameters / 1e6,
@@ -553,7 +604,7 @@ def train(
         augment = aug if step >= tcfg.augment_from else None
         batch = collate(train_cache, indices, stats, augment, gen, de.bos_id, de.eos_id)
         batch = to_device(batch, device)
-        ctc, mt, distill = loss_on_batch(model, batch, chunk, k or None, tcfg)
+        ctc, mt, distill = loss_on_batch(model, batch, chunk, k or None, tcfg, teacher)
         audio_s += int(batch[1].sum()) / 100
         speed = round(audio_s / (time.perf_counter() - t0), 1)
         # audio trained on since this process began (a resumed run counts afresh), and per second

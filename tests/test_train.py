@@ -15,6 +15,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import SENTENCES_DE, SENTENCES_EN
+from safetensors.torch import save_file
 
 from streamasr.augment import AugmentConfig, augment_logmel, reverberate
 from streamasr.bundle import ModelFolderError, average_bundles, load_bundle, with_companion
@@ -338,9 +339,9 @@ def test_train_chunk_ms_sets_the_chunks_drawn(tmp_path, tone, monkeypatch):
             train_chunk_frames(TINY, TrainConfig(train_chunk_ms=bad))
     drawn = []
 
-    def recording(model, batch, chunk_frames, wait_k, tcfg):
+    def recording(model, batch, chunk_frames, wait_k, tcfg, teacher):
         drawn.append(chunk_frames)
-        return loss_on_batch(model, batch, chunk_frames, wait_k, tcfg)
+        return loss_on_batch(model, batch, chunk_frames, wait_k, tcfg, teacher)
 
     monkeypatch.setattr("streamasr.train.loss_on_batch", recording)
     corpus = make_corpus(tmp_path / "corpus", tone)
@@ -361,6 +362,43 @@ def test_distill_weight_adds_the_distillation_to_the_loss_and_the_log(tmp_path, 
     train(corpus, tmp_path / "a", TINY, tcfg)
     records = [json.loads(line) for line in open(tmp_path / "a" / "train_log.jsonl")]
     assert len(records) == 2 and all(r["distill"] > 0 for r in records)
+
+
+def test_a_teacher_folder_is_distilled_on_every_batch(tmp_path, tone, capsys):
+    """`--teacher DIR --distill-weight W`: a model folder with a companion (an ensemble) teaches
+    on full-context batches too; a teacher without a weight, missing or reading other features
+    is refused in one line before any step."""
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    student = export(tmp_path / "a", tmp_path / "student")
+    torch.manual_seed(5)  # the companion: other weights reading the same features and pieces
+    other_weights = SpeechTranslator(load_bundle(student).config).eval()
+    replace(load_bundle(student), model=other_weights).save(tmp_path / "second")
+    with_companion(student, tmp_path / "second", 0.3).save(tmp_path / "ensemble")
+    taught = ["train", "--corpus", str(corpus), "--init", str(student), "--steps", "2",
+              "--batch-frames", "900", "--val-utterances", "2", "--warmup-steps", "1",
+              "--full-context-prob", "1"]  # fmt: skip
+    work = tmp_path / "b"
+    args = [*taught, "--work", str(work), "--teacher", str(tmp_path / "ensemble")]
+    assert main([*args, "--distill-weight", "0.5"]) == 0
+    records = [json.loads(line) for line in open(work / "train_log.jsonl")]
+    assert len(records) == 2 and all(r["distill"] > 0 for r in records)
+    assert json.loads((work / "config.json").read_text())["train"]["teacher"] == args[-1]
+
+    def refused(teacher, message, *more):
+        out = tmp_path / "x"
+        assert main([*taught, "--work", str(out), "--teacher", str(teacher), *more]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+        assert not (out / "checkpoint.pt").exists()
+
+    refused(tmp_path / "ensemble", "give --distill-weight W > 0")
+    refused(tmp_path / "nowhere", "not a model folder", "--distill-weight", "1")
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "ensemble", other)
+    save_file({"mean": torch.zeros(80), "std": torch.ones(80)}, other / "feature_stats.safetensors")
+    refused(other, "differs from the model trained in feature statistics", "--distill-weight", "1")
 
 
 def test_extra_corpora_join_the_training_data(tmp_path, tone):
@@ -646,6 +684,39 @@ def _a_batch_and_a_tiny_model(tmp_path, tone):
     batch = collate(cache, list(range(4)), stats, None, torch.Generator(), de.bos_id, de.eos_id)
     torch.manual_seed(0)
     return batch, tcfg, SpeechTranslator(TINY).eval()
+
+
+def test_a_teachers_distillation_is_the_kl_from_its_full_context(tmp_path, tone):
+    """With a teacher, the distillation's target is the teacher's full-context transcript
+    posteriors (its companion mixed in), on chunked and full-context batches alike; the
+    gradient reaches the student only."""
+    batch, tcfg, model = _a_batch_and_a_tiny_model(tmp_path, tone)
+    feats, lengths = batch[0], batch[1]
+    kd = replace(tcfg, distill_weight=0.5)
+    torch.manual_seed(3)
+    teacher = SpeechTranslator(replace(TINY, companion_encoder_layers=1, companion_weight=0.3))
+    teacher.eval().requires_grad_(False)
+    twin = SpeechTranslator(TINY).eval()
+    twin.load_state_dict(model.state_dict())
+    assert loss_on_batch(model, batch, -1, 2, kd, twin).distill.abs() < 1e-6
+    for chunk in (-1, 2):
+        model.zero_grad()
+        losses = loss_on_batch(model, batch, chunk, 2, kd, teacher)
+        losses.distill.backward()
+        grads = [w.grad.clone() for w in model.encoder.parameters()]
+        model.zero_grad()
+        student, frame_lengths = model.encoder(feats, lengths, chunk)
+        p = teacher.encode_transcript(feats, lengths, -1)[1]
+        q = model.ctc_log_probs(student)
+        per_frame = (p.exp() * (p - q)).sum(-1)
+        expected = sum(per_frame[i, :n].sum() for i, n in enumerate(frame_lengths))
+        expected = expected / frame_lengths.sum()
+        assert losses.distill.item() == pytest.approx(expected.item(), rel=1e-4)
+        assert losses.distill > 0
+        expected.backward()
+        for got, want in zip(grads, (w.grad for w in model.encoder.parameters()), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+    assert all(w.grad is None for w in teacher.parameters())
 
 
 def test_bf16_losses_and_gradients_follow_float32(tmp_path, tone):
