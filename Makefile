@@ -7,7 +7,7 @@ APT_PACKAGES := espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k fest
 # torch is pinned first so that pip never pulls a multi-GB CUDA build through a version range.
 TORCH := torch==2.14.1 torchaudio==2.11.1
 
-.PHONY: demo test setup system lint clean-venv results
+.PHONY: demo test setup system lint clean-venv results gnuspeech
 
 demo: setup
 	$(PY) -m streamasr.demo
@@ -34,6 +34,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[test,tts,lm]'
 	touch $@
+
+# GnuSpeech voices for `streamasr data build` (articulatory synthesis, on node): the npm package,
+# pinned, inside the environment. Not part of setup: no shipped recipe reads them yet.
+gnuspeech: setup
+	npm install --silent --prefix $(VENV)/npm @echogarden/gnuspeech-wasm@0.3.0
 
 clean-venv:
 	rm -rf $(VENV)

@@ -42,7 +42,8 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         "--voices",
         help="train voice pool, ENGINE:VOICE,... (default: all); kokoro voices blend with +,"
         " read another accent's phonemes after @, and drawn-N is a speaker drawn beyond the five"
-        " (seed N), e.g. kokoro:jf_alpha+jm_kumo@en-gb-x-rp, kokoro:drawn-7@en-gb",
+        " (seed N), e.g. kokoro:jf_alpha+jm_kumo@en-gb-x-rp, kokoro:drawn-7@en-gb; gnuspeech"
+        " voices (male, female, large_child, small_child, baby) need `make gnuspeech`",
     )
     build.add_argument("--limit", type=_positive_int, help="at most N sentences per split")
     build.add_argument(

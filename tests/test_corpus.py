@@ -156,6 +156,7 @@ def test_neural_voices_speak_a_corpus(multi30k, tmp_path, voice, package):
         "kokoro:jm_kumo@fr",
         "kokoro:drawn-",
         "kokoro:drawn-x",
+        "gnuspeech:nobody",
     ],
 )
 def test_unknown_neural_voice_is_a_one_line_error(multi30k, tmp_path, capsys, voice):
@@ -163,6 +164,34 @@ def test_unknown_neural_voice_is_a_one_line_error(multi30k, tmp_path, capsys, vo
                  "--voices", voice])  # fmt: skip
     assert code == 2
     assert f"unknown voice {voice}" in capsys.readouterr().err
+
+
+def test_gnuspeech_voices_speak_a_corpus(multi30k, tmp_path):
+    from streamasr.corpus import GNUSPEECH_PACKAGE, gnuspeech_modules
+
+    installed = (gnuspeech_modules() / "node_modules" / GNUSPEECH_PACKAGE).is_dir()
+    if not (installed and shutil.which("node") and shutil.which("sox")):
+        pytest.skip("GnuSpeech is not installed (make gnuspeech)")
+    out = tmp_path / "corpus"
+    code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(out), "--splits", "train",
+                 "--voices", "gnuspeech:female,gnuspeech:large_child", "--limit", "2"])  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == EN[:2]
+    assert {r["voice"] for r in rows} <= {"gnuspeech:female", "gnuspeech:large_child"}
+    for row in rows:
+        info = sf.info(str(out / row["audio"]))
+        assert info.samplerate == 16000 and info.channels == 1
+        assert info.duration > 0.5  # a sentence is spoken, not silence
+
+
+def test_gnuspeech_without_its_package_is_a_one_line_error(multi30k, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("streamasr.corpus.gnuspeech_modules", lambda: tmp_path / "nowhere")
+    code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
+                 "--voices", "gnuspeech:male"])  # fmt: skip
+    assert code == 2
+    assert "gnuspeech voices need `make gnuspeech`" in capsys.readouterr().err
+    assert not (tmp_path / "c" / "train.jsonl").exists()
 
 
 def test_kokoro_reads_the_phonemes_of_the_accent_its_voice_names():
