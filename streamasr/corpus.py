@@ -242,7 +242,6 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
         "flite": "flite",
         "festival": "text2wave",
         "kokoro": "espeak-ng",
-        "gnuspeech": "node",
     }
     for engine, voices in pool.items():
         if engine == "piper":
@@ -265,8 +264,12 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
                     raise CorpusError(
                         f"unknown voice {voice} (known: {', '.join(GNUSPEECH_VOICES)})"
                     )
-            if not (gnuspeech_modules() / "node_modules" / GNUSPEECH_PACKAGE).is_dir():
-                raise CorpusError(f"gnuspeech voices need `make gnuspeech` ({GNUSPEECH_PACKAGE})")
+            installed = (gnuspeech_modules() / "node_modules" / GNUSPEECH_PACKAGE).is_dir()
+            if not installed or shutil.which("node") is None:
+                raise CorpusError(
+                    f"gnuspeech voices need node and `make gnuspeech` ({GNUSPEECH_PACKAGE})"
+                )
+            continue
         if voices and shutil.which(programs[engine]) is None:
             raise CorpusError(f"{engine} voices need `{programs[engine]}` (make setup installs it)")
     if shutil.which("sox") is None:

@@ -190,7 +190,7 @@ def test_gnuspeech_without_its_package_is_a_one_line_error(multi30k, tmp_path, c
     code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
                  "--voices", "gnuspeech:male"])  # fmt: skip
     assert code == 2
-    assert "gnuspeech voices need `make gnuspeech`" in capsys.readouterr().err
+    assert "gnuspeech voices need node and `make gnuspeech`" in capsys.readouterr().err
     assert not (tmp_path / "c" / "train.jsonl").exists()
 
 
