@@ -153,10 +153,7 @@ def _check_same_inputs(first: Bundle, first_folder: Path, other: Bundle, folder:
     statistics identical, else ModelFolderError."""
     pieces = (first.en, first.de, first.transcript_pieces)
     names = [tok.path.name for tok in pieces if tok is not None]
-    stats_differ = not (
-        torch.equal(other.stats.mean, first.stats.mean)
-        and torch.equal(other.stats.std, first.stats.std)
-    )
+    stats_differ = not other.stats.same_as(first.stats)
     differ = [n for n in names if not filecmp.cmp(first_folder / n, folder / n, shallow=False)]
     if stats_differ or differ:
         what = ", ".join(differ + ["feature_stats.safetensors"] * stats_differ)

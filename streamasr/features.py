@@ -154,6 +154,10 @@ class FeatureStats:
     def normalize(self, frames: torch.Tensor) -> torch.Tensor:
         return (frames - self.mean) / self.std
 
+    def same_as(self, other: FeatureStats) -> bool:
+        """Exactly the same statistics: two models normalize features alike."""
+        return torch.equal(self.mean, other.mean) and torch.equal(self.std, other.std)
+
 
 # RunningStats sums this many frames at a time (21 MB of float64 each): a 42 h feature cache
 # converted at once took 24 GB and was killed for memory.

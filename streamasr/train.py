@@ -447,9 +447,7 @@ def load_teacher(
         raise TrainError(f"--teacher {folder}: {err}") from None
     fields = ("n_mels", "feature_hop_ms", "subsampling_layers", "en_vocab")
     differ = [name for name in fields if getattr(bundle.config, name) != getattr(cfg, name)]
-    if not (
-        torch.equal(bundle.stats.mean, stats.mean) and torch.equal(bundle.stats.std, stats.std)
-    ):
+    if not bundle.stats.same_as(stats):
         differ.append("feature statistics")
     if not filecmp.cmp(bundle.en.path, en.path, shallow=False):
         differ.append("en.model")
