@@ -56,6 +56,12 @@ def gnuspeech_modules() -> Path:
     return Path(sys.prefix) / "npm"
 
 
+def gnuspeech_installed() -> bool:
+    """Whether node and GnuSpeech's package are there to speak `gnuspeech:` voices."""
+    package = gnuspeech_modules() / "node_modules" / GNUSPEECH_PACKAGE
+    return package.is_dir() and shutil.which("node") is not None
+
+
 class CorpusError(ValueError):
     """A corpus input the user can fix (missing Multi30k files, bad split name)."""
 
@@ -264,8 +270,7 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
                     raise CorpusError(
                         f"unknown voice {voice} (known: {', '.join(GNUSPEECH_VOICES)})"
                     )
-            installed = (gnuspeech_modules() / "node_modules" / GNUSPEECH_PACKAGE).is_dir()
-            if not installed or shutil.which("node") is None:
+            if not gnuspeech_installed():
                 raise CorpusError(
                     f"gnuspeech voices need node and `make gnuspeech` ({GNUSPEECH_PACKAGE})"
                 )
