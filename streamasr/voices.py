@@ -2,7 +2,8 @@
 
 A voice is named `engine:voice`, e.g. `espeak:en-gb-x-rp+f3`, `flite:rms`,
 `festival:ked_diphone`, `piper:joe`, `kokoro:jm_kumo`, `kokoro:jf_alpha+jm_kumo` (a blend: the
-mean of the named speakers' style vectors), `gnuspeech:female`. See ../shared/DATA.md for why some voices are reserved.
+mean of the named speakers' style vectors), `gnuspeech:female`. See ../shared/DATA.md for why
+some voices are reserved.
 """
 
 from __future__ import annotations
