@@ -77,7 +77,7 @@ class SyntheticAccent:
                 drawn.append((name, variant))
         return cls(seed, tuple(drawn))
 
-    @property
+    @functools.cached_property
     def substitutions(self) -> list[tuple[str, str]]:
         return [sub for name, variant in self.features for sub in FEATURES[name][variant]]
 
@@ -94,8 +94,7 @@ class SyntheticAccent:
         """espeak-ng's IPA for a line, read in this accent."""
         if self._pattern is None:
             return ipa
-        subs = self.substitutions
-        return self._pattern.sub(lambda m: subs[int(m.lastgroup[1:])][1], ipa)
+        return self._pattern.sub(lambda m: self.substitutions[int(m.lastgroup[1:])][1], ipa)
 
     def __str__(self) -> str:
         return f"~{self.seed}: " + ", ".join(
