@@ -49,6 +49,12 @@ build_tune_kdrawn() {
     "${BUILD[@]}" --out data/tune-kdrawn --splits val --pool-voices --limit 200 --seed 28 \
         --voices "$(voices $(seq -f 'drawn-%g' 1001 1010) -- '')"
 }
+build_tune_kdrawn2() {
+    # twenty more drawn speakers on the next 400 val sentences (session 59: rule 31's drawn check
+    # reads the pool of both sets, 600 utterances, thirty speakers)
+    "${BUILD[@]}" --out data/tune-kdrawn2 --splits val --pool-voices --start 200 --limit 400 \
+        --seed 59 --voices "$(voices $(seq -f 'drawn-%g' 1011 1030) -- '')"
+}
 build_tune_voc() {
     "${VOCODE[@]}" --seed 26 data/tune/val.jsonl --out data/tune-voc --split val --held-out
     "${VOCODE[@]}" --seed 26 data/tune-kaccent/val.jsonl --out data/tune-kaccent-voc --split val \
@@ -105,7 +111,7 @@ build_gnuspeech() {
 # The evaluation and tuning sets first (minutes), then the training corpora (hours; Kokoro's are
 # the slow ones). tune-mlsa is left out: no rule since session 26 reads it; gnuspeech too, until a
 # shipped run reads it, and kaccent2 (synthetic accents, session 58) likewise.
-ALL=(eval tune tune-kaccent tune-kdrawn tune-voc train joe kaccent kokoro world kdrawn kdrawn2
+ALL=(eval tune tune-kaccent tune-kdrawn tune-kdrawn2 tune-voc train joe kaccent kokoro world kdrawn kdrawn2
     kdrawn3)
 
 case ${1:-} in

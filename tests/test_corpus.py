@@ -303,7 +303,15 @@ def test_the_rebuild_script_names_valid_commands_and_no_reserved_voice():
     assert not any(v.is_reserved for v in train_voices + tune_voices)
     drawn = [v.name.split("@")[0] for v in train_voices if v.name.startswith("drawn-")]
     tune_drawn = {v.name for v in tune_voices if v.name.startswith("drawn-")}
-    assert len(drawn) == len(set(drawn)) == 280 and len(tune_drawn) == 10
-    assert not tune_drawn & set(drawn)  # the tuning set's drawn speakers are unheard
+    assert len(drawn) == len(set(drawn)) == 280 and len(tune_drawn) == 30
+    assert not tune_drawn & set(drawn)  # the tuning sets' drawn speakers are unheard
+    # the two drawn tuning sets pool into one: their val sentences (and so their ids) are disjoint
+    drawn_sets = [
+        build_parser().parse_args(argv)
+        for argv in commands
+        if "tune-kdrawn" in argv[argv.index("--out") + 1]
+    ]
+    lines = [set(range(a.start, a.start + a.limit)) for a in drawn_sets]
+    assert len(lines) == 2 and not lines[0] & lines[1]
     bad = subprocess.run(["bash", script, "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown name 'nope'" in bad.stderr
