@@ -111,8 +111,8 @@ build_gnuspeech() {
 # The evaluation and tuning sets first (minutes), then the training corpora (hours; Kokoro's are
 # the slow ones). tune-mlsa is left out: no rule since session 26 reads it; gnuspeech too, until a
 # shipped run reads it, and kaccent2 (synthetic accents, session 58) likewise.
-ALL=(eval tune tune-kaccent tune-kdrawn tune-kdrawn2 tune-voc train joe kaccent kokoro world kdrawn kdrawn2
-    kdrawn3)
+ALL=(eval tune tune-kaccent tune-kdrawn tune-kdrawn2 tune-voc train joe kaccent kokoro world kdrawn
+    kdrawn2 kdrawn3)
 
 case ${1:-} in
     --list) printf '%s\n' "${ALL[@]}" tune-mlsa gnuspeech kaccent2; exit 0 ;;

@@ -292,10 +292,12 @@ def test_the_rebuild_script_names_valid_commands_and_no_reserved_voice():
     )
     commands = [shlex.split(line)[1:] for line in printed.stdout.splitlines()]
     assert len(commands) == len(names.stdout.split()) + 2  # tune-voc and tune-mlsa make two each
-    outs, train_voices, tune_voices = [], [], []
+    outs, train_voices, tune_voices, drawn_lines = [], [], [], []
     for argv in commands:
         args = build_parser().parse_args(argv)
         outs.append(str(args.out))
+        if args.out.name.startswith("tune-kdrawn"):
+            drawn_lines.append(set(range(args.start, args.start + args.limit)))
         if getattr(args, "voices", None):  # data vocode names manifests
             voices = [Voice.parse(v) for v in args.voices.split(",")]
             (train_voices if args.splits == "train" else tune_voices).extend(voices)
@@ -306,12 +308,6 @@ def test_the_rebuild_script_names_valid_commands_and_no_reserved_voice():
     assert len(drawn) == len(set(drawn)) == 280 and len(tune_drawn) == 30
     assert not tune_drawn & set(drawn)  # the tuning sets' drawn speakers are unheard
     # the two drawn tuning sets pool into one: their val sentences (and so their ids) are disjoint
-    drawn_sets = [
-        build_parser().parse_args(argv)
-        for argv in commands
-        if "tune-kdrawn" in argv[argv.index("--out") + 1]
-    ]
-    lines = [set(range(a.start, a.start + a.limit)) for a in drawn_sets]
-    assert len(lines) == 2 and not lines[0] & lines[1]
+    assert len(drawn_lines) == 2 and not drawn_lines[0] & drawn_lines[1]
     bad = subprocess.run(["bash", script, "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown name 'nope'" in bad.stderr
