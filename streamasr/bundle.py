@@ -163,7 +163,9 @@ def _check_same_inputs(first: Bundle, first_folder: Path, other: Bundle, folder:
 def average_bundles(folders: Sequence[Path]) -> Bundle:
     """The uniform mean of the weights of model folders that differ in nothing else (the same
     config.json, tokenizers and feature statistics): a weight average of runs fine-tuned one
-    from another. The first folder's word LM comes with it."""
+    from another. A tensor alike in every folder is kept as it is (a mean of three equal floats
+    can round off them), so weights no run changed stay bit for bit. The first folder's word LM
+    comes with it."""
     if len(folders) < 2:
         raise ModelFolderError("averaging needs at least two model folders")
     bundles = [load_bundle(folder) for folder in folders]
@@ -176,6 +178,7 @@ def average_bundles(folders: Sequence[Path]) -> Bundle:
     mean = {
         name: sum(state[name] for state in states) / len(states)
         if tensor.is_floating_point()
+        and not all(torch.equal(tensor, state[name]) for state in states[1:])
         else tensor
         for name, tensor in states[0].items()
     }

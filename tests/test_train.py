@@ -559,6 +559,17 @@ def test_average_of_model_folders(tmp_path, tone):
         assert torch.equal(tensor, (a[name] + b[name]) / 2), name
     mean.save(tmp_path / "mean")
     assert_same_weights(load_bundle(tmp_path / "mean").model, mean.model)
+    # a tensor alike in every folder stays bit for bit (three equal floats' mean can round off)
+    twin = Path(shutil.copytree(second, tmp_path / "twin"))
+    three = average_bundles([first, second, twin]).model.state_dict()
+    for name in a:
+        if torch.equal(a[name], b[name]):
+            assert torch.equal(three[name], a[name]), name
+        elif a[name].is_floating_point():
+            assert torch.equal(three[name], (a[name] + b[name] + b[name]) / 3), name
+    alike = average_bundles([first, first, first]).model.state_dict()
+    assert any(not torch.equal((t + t + t) / 3, t) for t in a.values() if t.is_floating_point())
+    assert all(torch.equal(alike[name], a[name]) for name in a)
     assert main(["average", str(first), str(second), "--out", str(tmp_path / "half"),
                  "--dtype", "float16"]) == 0  # fmt: skip
     for name, tensor in load_bundle(tmp_path / "half").model.state_dict().items():
