@@ -188,6 +188,9 @@ OPTION_HELP = {
     "transcript_vocab": "--cascade: sentencepiece pieces of the translator's own source "
     "tokenizer, trained on the train transcripts (default 0: the recognizer's en.model)",
     "cascade_dropout": "--cascade: dropout of the transcript translator (default 0.1)",
+    "cascade_whole_source": "--cascade: once a segment's source has ended, the rest of its "
+    "translation reads the whole transcript encoded again without the causal mask (default: "
+    "off, the causal encoding throughout)",
     "lookahead_frames": "right context: encoder frames (40 ms each) every chunk also sees "
     "after it, for that much latency; with --init, added to the init's model (default 0)",
     "right_context_frames": "right context inside the blocks (Emformer's): encoder frames "
@@ -205,6 +208,7 @@ MODEL_OPTIONS = (
     "transcript_encoder_layers",
     "transcript_vocab",
     "cascade_dropout",
+    "cascade_whole_source",
     "lookahead_frames",
     "right_context_frames",
 )
@@ -281,7 +285,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                     flag,
                     action=argparse.BooleanOptionalAction,
                     default=default,
-                    help=f"default {default}",
+                    help=help_text.get(name, f"default {default}"),
                 )
             else:
                 train.add_argument(
@@ -377,11 +381,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import TrainConfig, TrainError, train
     from .train_cascade import CASCADE_FIELDS, train_cascade
 
-    model_cfg = ModelConfig(**{name: getattr(args, name) for name in MODEL_OPTIONS})
-    train_cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
-    for flag, value in (("--multi30k", args.multi30k), ("--recognized", args.recognized)):
+    for flag, value in (
+        ("--multi30k", args.multi30k),
+        ("--recognized", args.recognized),
+        ("--cascade-whole-source", args.cascade_whole_source),
+    ):
         if value and not args.cascade:
-            raise UsageError(f"{flag} is for --cascade training (text pairs)")
+            raise UsageError(f"{flag} is for --cascade training (the transcript translator)")
+    try:
+        model_cfg = ModelConfig(**{name: getattr(args, name) for name in MODEL_OPTIONS})
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    train_cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
     if args.teacher and args.cascade:
         raise UsageError("--teacher distils into the speech model, not the --cascade translator")
     if args.add_encoder_layers and args.cascade:

@@ -53,6 +53,11 @@ class ModelConfig:
     # translator reads words better as word-sized pieces, in sequences half as long or less.
     transcript_vocab: int = 0
     cascade_dropout: float = 0.1  # dropout of the transcript encoder and its decoder
+    # Once a segment's source has ended, the cascade encodes its whole transcript again without
+    # the causal mask, and the rest of its translation attends to that encoding (the words
+    # written while the source streamed in stay as written). False: the causal encoding
+    # throughout, as every cascade before session 62.
+    cascade_whole_source: bool = False
     translate_from: str = "speech"  # the default source of translation: "speech" or "transcript"
     # A second streaming encoder of this many blocks, with a CTC head of its own, read beside the
     # first: the transcript's posteriors are a weighted mean of the two, the companion's share
@@ -65,6 +70,8 @@ class ModelConfig:
             raise ValueError(f"translate_from must be one of {TRANSLATION_SOURCES}")
         if self.translate_from == "transcript" and not self.transcript_encoder_layers:
             raise ValueError("translate_from='transcript' needs transcript_encoder_layers > 0")
+        if self.cascade_whole_source and not self.transcript_encoder_layers:
+            raise ValueError("cascade_whole_source needs transcript_encoder_layers > 0")
         if not 0 < self.companion_weight < 1:
             raise ValueError(f"companion_weight must be in (0, 1), got {self.companion_weight}")
         if not 0 <= self.unit_shift_frames < self.unit_frames:

@@ -406,7 +406,9 @@ class TranscriptWaitKTranslator(WaitKTranslator):
     """Cascade translation from committed transcript words: every word is one unit.
 
     The segment's subwords so far are re-encoded by the causal transcript encoder (a prefix
-    encodes the same whatever follows) and only the new positions enter the cross caches.
+    encodes the same whatever follows) and only the new positions enter the cross caches; a
+    model with `cascade_whole_source` encodes them once more, without the mask, when the
+    segment's source ends.
     """
 
     def __init__(
@@ -424,6 +426,7 @@ class TranscriptWaitKTranslator(WaitKTranslator):
             )
         super().__init__(model.transcript_decoder, policy, bos_id, eos_id, search)
         self.encoder, self.en = model.transcript_encoder, en
+        self.whole_source = model.cfg.cascade_whole_source
 
     def read(self, words: list[str], state: TranslatorState) -> TranslatorState:
         """Append committed transcript words (normalized, lowercase) of the current segment."""
@@ -434,6 +437,17 @@ class TranscriptWaitKTranslator(WaitKTranslator):
         ends = [state.memory_read + end for end in ends]
         memory = self.encoder(torch.tensor([source], device=self.device))[:, state.memory_read :]
         return replace(self._extend(memory, ends, state), source=tuple(source))
+
+    def write(
+        self, state: TranslatorState, source_finished: bool
+    ) -> tuple[list[int], TranslatorState]:
+        """As `WaitKTranslator.write`; with `cascade_whole_source`, once the source has ended the
+        rest of the translation reads the whole transcript encoded again without the causal
+        mask (the cross caches replaced; the words written so far stay)."""
+        if source_finished and self.whole_source and state.source and not state.done:
+            whole = self.encoder(torch.tensor([state.source], device=self.device), causal=False)
+            state = replace(state, decoder=self.decoder.replace_memory(whole, state.decoder))
+        return super().write(state, source_finished)
 
 
 def translate_segment(translator: WaitKTranslator, units: list) -> list[int]:

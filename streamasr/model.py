@@ -568,22 +568,31 @@ class DecoderLayer(nn.Module):
         k, v = self.cross_kv(memory).chunk(2, dim=-1)
         return self._heads(k), self._heads(v)
 
-    def _cross_and_ff(self, x: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    def _cross(self, x: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
         q = self._heads(self.cross_q(self.norm_cross(x)))
-        x = x + F.dropout(
-            self.cross_out(self._merge(self._sdpa(q, keys, values, mask))),
-            self.dropout,
-            self.training,
-        )
+        y = self.cross_out(self._merge(self._sdpa(q, keys, values, mask)))
+        return x + F.dropout(y, self.dropout, self.training)
+
+    def _ff(self, x: Tensor) -> Tensor:
         return x + F.dropout(self.ff(self.norm_ff(x)), self.dropout, self.training)
 
-    def forward(self, x: Tensor, memory: Tensor, cross_mask: Tensor) -> Tensor:
-        """(B, U, D), (B, S, D), (B, 1, U, S) -> (B, U, D)."""
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        cross_mask: Tensor,
+        whole: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """(B, U, D), (B, S, D), (B, 1, U, S) -> (B, U, D). `whole`: another memory (B, S, D)
+        and which targets (B, U) attend to it in place of `memory`, under the same mask."""
         q, k, v = (self._heads(t) for t in self.self_qkv(self.norm_self(x)).chunk(3, dim=-1))
         y = self._merge(self._sdpa(q, k, v, None, causal=True))
         x = x + F.dropout(self.self_out(y), self.dropout, self.training)
-        keys, values = self.memory_kv(memory)
-        return self._cross_and_ff(x, keys, values, cross_mask)
+        crossed = self._cross(x, *self.memory_kv(memory), cross_mask)
+        if whole is not None:
+            other, use = whole
+            crossed = torch.where(use[..., None], self._cross(x, *self.memory_kv(other), cross_mask), crossed)
+        return self._ff(crossed)
 
     def step(
         self, x: Tensor, state: DecoderLayerState, visible_frames: int
@@ -595,7 +604,7 @@ class DecoderLayer(nn.Module):
         x = x + self.self_out(self._merge(self._sdpa(q, keys, values, None)))
         cross_k = state.cross_keys[:, :, :visible_frames]
         cross_v = state.cross_values[:, :, :visible_frames]
-        x = self._cross_and_ff(x, cross_k, cross_v, None)
+        x = self._ff(self._cross(x, cross_k, cross_v, None))
         return x, DecoderLayerState(keys, values, state.cross_keys, state.cross_values)
 
 
@@ -626,15 +635,22 @@ class TranslationDecoder(nn.Module):
             + self.positions[start : start + tokens.shape[1]]
         )
 
-    def forward(self, tokens: Tensor, memory: Tensor, visible_frames: Tensor) -> Tensor:
-        """tokens (B, U) (bos + targets[:-1]), memory (B, S, D), visible (B, U) -> logits (B, U, V)."""
+    def forward(
+        self,
+        tokens: Tensor,
+        memory: Tensor,
+        visible_frames: Tensor,
+        whole: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """tokens (B, U) (bos + targets[:-1]), memory (B, S, D), visible (B, U) -> logits (B, U, V).
+        `whole` (memory (B, S, D), targets (B, U) that read it): see `DecoderLayer.forward`."""
         S = memory.shape[1]
         cross_mask = (
             torch.arange(S, device=memory.device)[None, None, :] < visible_frames[:, :, None]
         )[:, None]
         x = self._embed(tokens, 0)
         for layer in self.layers:
-            x = layer(x, memory, cross_mask)
+            x = layer(x, memory, cross_mask, whole)
         return self.out(self.norm(x))
 
     def init_state(self, batch: int = 1, device=None) -> DecoderState:
@@ -656,6 +672,15 @@ class TranslationDecoder(nn.Module):
                     torch.cat([s.cross_values, v], 2),
                 )
             )
+        return DecoderState(layers=tuple(layers), tokens_done=state.tokens_done)
+
+    def replace_memory(self, frames: Tensor, state: DecoderState) -> DecoderState:
+        """Every layer's cross cache projected anew from `frames` (B, S, D), the memory read so
+        far encoded again (the whole source); the self-attention caches stay."""
+        layers = []
+        for layer, s in zip(self.layers, state.layers):
+            k, v = layer.memory_kv(frames)
+            layers.append(DecoderLayerState(s.self_keys, s.self_values, k, v))
         return DecoderState(layers=tuple(layers), tokens_done=state.tokens_done)
 
     def step(
@@ -698,15 +723,21 @@ class TranscriptEncoder(nn.Module):
         )
         self.norm = nn.LayerNorm(cfg.d_model)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """(B, S) subword ids (right-padded) -> (B, S, D); position s sees positions <= s."""
+    def forward(self, tokens: Tensor, causal: bool = True) -> Tensor:
+        """(B, S) subword ids (right-padded with 0) -> (B, S, D); position s sees positions <= s,
+        or with causal=False every position of its row (the whole source, once it has ended)."""
         S = tokens.shape[1]
         x = self.embed(tokens) * math.sqrt(self.d_model) + sinusoids(S, self.d_model).to(
             self.embed.weight
         )
-        causal = nn.Transformer.generate_square_subsequent_mask(S, device=tokens.device)
-        for layer in self.layers:
-            x = layer(x, src_mask=causal, is_causal=True)
+        if causal:
+            mask = nn.Transformer.generate_square_subsequent_mask(S, device=tokens.device)
+            for layer in self.layers:
+                x = layer(x, src_mask=mask, is_causal=True)
+        else:
+            padding = tokens == 0
+            for layer in self.layers:
+                x = layer(x, src_key_padding_mask=padding)
         return self.norm(x)
 
 

@@ -182,17 +182,52 @@ def _pad(seqs: list[list[int]]) -> torch.Tensor:
     )
 
 
-def cascade_loss(
-    model: SpeechTranslator, items: list[dict], wait_k: int | None, bos: int, eos: int, tcfg
+def written_after_the_source(
+    num_targets: int,
+    unit_ends: list[list[int]],
+    wait_k: int | None,
+    tokens_per_unit: int,
+    closing: list[int],
 ) -> torch.Tensor:
+    """(B, U): which targets a stream writes once the segment's source has ended, when the last
+    `closing[b]` words of row b arrive with its end (read, then written with the source
+    finished, as a session's last uncommitted words are; 0: every word read before the end, as
+    `translate_segment` reads them): under wait-k those needing more units than were read
+    before the end, at k = inf all."""
+    if wait_k is None:
+        return torch.ones(len(unit_ends), num_targets, dtype=torch.bool)
+    needed = wait_k + torch.arange(num_targets) // tokens_per_unit
+    before = torch.tensor([max(0, len(ends) - m) for ends, m in zip(unit_ends, closing)])
+    return needed[None, :] > before[:, None]
+
+
+def cascade_loss(
+    model: SpeechTranslator,
+    items: list[dict],
+    wait_k: int | None,
+    bos: int,
+    eos: int,
+    tcfg,
+    closing: list[int] | None = None,
+) -> torch.Tensor:
+    """Cross-entropy of the targets under wait-k. With `cascade_whole_source` the targets written
+    after the source has ended (`written_after_the_source`, `closing` words per row arriving
+    with the end; default 0) read the whole transcript encoded without the causal mask."""
     device = next(model.parameters()).device
     src = _pad([it["src"] for it in items]).to(device)
     de_in = _pad([[bos] + it["tgt"] for it in items]).to(device)
     de_out = _pad([it["tgt"] + [eos] for it in items]).to(device)
+    ends = [it["ends"] for it in items]
     visible = wait_k_visible_positions(
-        de_in.shape[1], [it["ends"] for it in items], wait_k, model.cfg.tokens_per_unit
+        de_in.shape[1], ends, wait_k, model.cfg.tokens_per_unit
     ).to(device)
-    logits = model.transcript_decoder(de_in, model.transcript_encoder(src), visible)
+    whole = None
+    if model.cfg.cascade_whole_source:
+        after = written_after_the_source(
+            de_in.shape[1], ends, wait_k, model.cfg.tokens_per_unit, closing or [0] * len(items)
+        )
+        whole = (model.transcript_encoder(src, causal=False), after.to(device))
+    logits = model.transcript_decoder(de_in, model.transcript_encoder(src), visible, whole)
     return F.cross_entropy(
         logits.transpose(1, 2), de_out, ignore_index=0, label_smoothing=tcfg.label_smoothing
     )
@@ -246,7 +281,12 @@ def validate_cascade(
 
 
 # The ModelConfig fields that shape the cascade (the `train --cascade` flags).
-CASCADE_FIELDS = ("transcript_encoder_layers", "transcript_vocab", "cascade_dropout")
+CASCADE_FIELDS = (
+    "transcript_encoder_layers",
+    "transcript_vocab",
+    "cascade_dropout",
+    "cascade_whole_source",
+)
 
 
 def _start_cascade(
@@ -350,7 +390,10 @@ def train_cascade(
         batch = [items[i] for i in indices]
         if noise is not None:
             batch = [corrupted(item, rng) for item in batch]
-        loss = cascade_loss(model, batch, k, de.bos_id, de.eos_id, tcfg)
+        closing = None
+        if cfg.cascade_whole_source:  # words arriving with the segment's end: 0, 1 or 2
+            closing = [rng.randrange(3) for _ in batch]
+        loss = cascade_loss(model, batch, k, de.bos_id, de.eos_id, tcfg, closing)
         return loss, {"mt": round(loss.item(), 4)}
 
     def validate() -> dict:

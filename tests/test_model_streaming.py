@@ -279,6 +279,124 @@ def test_cascade_wait_k_equals_full_recomputation(tiny_config, tiny_bundle_dir, 
     assert fast
 
 
+@pytest.mark.parametrize("wait_k,closing", [(1, 0), (2, 0), (2, 2), (3, 1), (None, 0)])
+def test_cascade_whole_source_equals_full_recomputation(
+    tiny_config, tiny_bundle_dir, wait_k, closing
+):
+    """With cascade_whole_source, the tokens written once the source has ended read the whole
+    transcript encoded without the causal mask: decoding with caches, the last `closing` words
+    arriving with the end, equals decoding each token from scratch with the memory
+    `written_after_the_source` names, logits and greedy tokens."""
+    from dataclasses import replace
+
+    from streamasr.decoding import (
+        DEFAULT_TRANSLATION,
+        TranscriptWaitKTranslator,
+        TranslationSearch,
+        repeating_tokens,
+    )
+    from streamasr.model import SpeechTranslator
+    from streamasr.policy import WaitK
+    from streamasr.text import Tokenizer
+    from streamasr.train_cascade import written_after_the_source
+
+    en = Tokenizer(tiny_bundle_dir / "en.model")
+    cfg = replace(
+        tiny_config, en_vocab=len(en), transcript_encoder_layers=2, cascade_whole_source=True
+    )
+    torch.manual_seed(5)
+    model = SpeechTranslator(cfg).eval()
+    words = "a man in an orange hat looks at something".split()
+    bos, eos = 1, 2
+    search = TranslationSearch(beam=1)
+    with torch.no_grad():
+        translator = TranscriptWaitKTranslator(model, en, WaitK(wait_k), bos, eos, search)
+        stepped, step = [], translator.decoder.step
+
+        def logged_step(*args):
+            logits, decoder = step(*args)
+            stepped.append(logits[0].clone())
+            return logits, decoder
+
+        translator.decoder.step = logged_step
+        state, fast = translator.init_state(), []
+        for word in words[: len(words) - closing]:
+            state = translator.read([word], state)
+            new, state = translator.write(state, source_finished=False)
+            fast += new
+        state = translator.read(words[len(words) - closing :], state)
+        new, state = translator.write(state, source_finished=True)
+        written_before_end = len(fast)
+        fast += new
+
+        source, ends = en.encode_words(words)
+        causal = model.transcript_encoder(torch.tensor([source]))
+        whole = model.transcript_encoder(torch.tensor([source]), causal=False)
+        assert not torch.allclose(causal, whole, atol=1e-4)  # the future changes the encoding
+        tokens = [bos]
+        for i in range(len(fast) + 1):
+            visible = wait_k_visible_positions(i + 1, [ends], wait_k, 1)
+            after = written_after_the_source(i + 1, [ends], wait_k, 1, [closing])
+            assert after[0, -1].item() == (i >= written_before_end)
+            logits = model.transcript_decoder(
+                torch.tensor([tokens]), causal, visible, (whole, after)
+            )[0, -1]
+            if i < len(stepped):  # (none after the length cap)
+                assert (logits - stepped[i]).abs().max().item() <= 1e-4
+            if after[0, -1]:  # the causal encoding alone would have given other logits
+                alone = model.transcript_decoder(torch.tensor([tokens]), causal, visible)[0, -1]
+                assert (alone - logits).abs().max().item() > 1e-3
+            logits[[0, bos]] = float("-inf")
+            logits[repeating_tokens(tokens[1:], DEFAULT_TRANSLATION.no_repeat_ngram)] = float(
+                "-inf"
+            )
+            if i < written_before_end:
+                logits[eos] = float("-inf")  # written before the source had ended
+            token = int(logits.argmax())
+            if token == eos:
+                break
+            tokens.append(token)
+    assert fast == tokens[1 : len(fast) + 1]  # (the fast path may stop at its length cap)
+    assert len(fast) > written_before_end  # some tokens read the whole source
+    with torch.no_grad():  # the tail by beam search reads the whole source's caches too
+        beam = TranscriptWaitKTranslator(model, en, WaitK(wait_k), bos, eos, TranslationSearch(4))
+        state = beam.init_state()
+        for word in words[: len(words) - closing]:
+            _, state = beam.write(beam.read([word], state), source_finished=False)
+        tail, state = beam.write(beam.read(words[len(words) - closing :], state), True)
+    assert state.tokens[:written_before_end] == tuple(fast[:written_before_end])
+    assert tail and state.done
+
+
+def test_whole_source_encoding_ignores_padding(tiny_config):
+    from dataclasses import replace
+
+    from streamasr.model import TranscriptEncoder
+
+    torch.manual_seed(6)
+    enc = TranscriptEncoder(replace(tiny_config, transcript_encoder_layers=2)).eval()
+    tokens = torch.randint(3, tiny_config.en_vocab, (2, 15))
+    tokens[1, 9:] = 0  # the second row is 9 pieces, right-padded
+    with torch.no_grad():
+        both = enc(tokens, causal=False)
+        alone = enc(tokens[1:, :9], causal=False)
+        prefix = enc(tokens[:1, :9], causal=False)
+    assert (both[1, :9] - alone[0]).abs().max().item() <= 1e-5
+    assert (both[0, :9] - prefix[0]).abs().max().item() > 1e-3  # a position sees what follows
+
+
+def test_written_after_the_source():
+    from streamasr.train_cascade import written_after_the_source
+
+    ends = [[2, 3, 7], [4]]
+    # wait-1: token i needs 1 + i units; 3 units read before the end (closing 0), 2 (closing 1)
+    after = written_after_the_source(5, ends, 1, 1, [0, 0])
+    assert after.tolist() == [[False, False, False, True, True], [False, True, True, True, True]]
+    after = written_after_the_source(5, ends, 1, 1, [1, 1])
+    assert after.tolist() == [[False, False, True, True, True], [True] * 5]
+    assert written_after_the_source(3, ends, None, 1, [0, 0]).all()
+
+
 def test_transcript_encoder_is_causal(tiny_config):
     from dataclasses import replace
 

@@ -457,13 +457,16 @@ def test_feature_cache_serves_other_tokenizers(tmp_path, tone, monkeypatch):
     assert [it["en"] for it in other.items] != [it["en"] for it in first.items]
 
 
-def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(tmp_path, tone):
+@pytest.mark.parametrize("whole_source", [False, True])
+def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(
+    tmp_path, tone, whole_source
+):
     corpus = make_corpus(tmp_path / "corpus", tone)
     tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
     train(corpus, tmp_path / "a", TINY, tcfg)
     folder = export(tmp_path / "a", tmp_path / "model")
     ctcfg = replace(tcfg, steps=4, batch_tokens=60, val_every=2, source_noise=0.5)
-    layers = {"transcript_encoder_layers": 1}
+    layers = {"transcript_encoder_layers": 1, "cascade_whole_source": whole_source}
     whole = train_cascade(corpus, tmp_path / "b", folder, ctcfg, layers)
     train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers, stop_at=2)  # "killed"
     resumed = train_cascade(corpus, tmp_path / "c", folder, ctcfg, layers)
@@ -475,6 +478,7 @@ def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(tmp_
     assert not torch.equal(speech.decoder.out.weight, whole.transcript_decoder.out.weight)
     shipped = load_bundle(export(tmp_path / "b", tmp_path / "cascade_model"))
     assert shipped.config.translate_from == "transcript"
+    assert shipped.config.cascade_whole_source is whole_source
     assert_same_weights(shipped.model, whole)
 
 
