@@ -591,7 +591,9 @@ class DecoderLayer(nn.Module):
         crossed = self._cross(x, *self.memory_kv(memory), cross_mask)
         if whole is not None:
             other, use = whole
-            crossed = torch.where(use[..., None], self._cross(x, *self.memory_kv(other), cross_mask), crossed)
+            crossed = torch.where(
+                use[..., None], self._cross(x, *self.memory_kv(other), cross_mask), crossed
+            )
         return self._ff(crossed)
 
     def step(

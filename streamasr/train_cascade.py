@@ -218,9 +218,9 @@ def cascade_loss(
     de_in = _pad([[bos] + it["tgt"] for it in items]).to(device)
     de_out = _pad([it["tgt"] + [eos] for it in items]).to(device)
     ends = [it["ends"] for it in items]
-    visible = wait_k_visible_positions(
-        de_in.shape[1], ends, wait_k, model.cfg.tokens_per_unit
-    ).to(device)
+    visible = wait_k_visible_positions(de_in.shape[1], ends, wait_k, model.cfg.tokens_per_unit).to(
+        device
+    )
     whole = None
     if model.cfg.cascade_whole_source:
         after = written_after_the_source(
