@@ -426,7 +426,6 @@ class TranscriptWaitKTranslator(WaitKTranslator):
             )
         super().__init__(model.transcript_decoder, policy, bos_id, eos_id, search)
         self.encoder, self.en = model.transcript_encoder, en
-        self.whole_source = model.cfg.cascade_whole_source
 
     def read(self, words: list[str], state: TranslatorState) -> TranslatorState:
         """Append committed transcript words (normalized, lowercase) of the current segment."""
@@ -444,7 +443,8 @@ class TranscriptWaitKTranslator(WaitKTranslator):
         """As `WaitKTranslator.write`; with `cascade_whole_source`, once the source has ended the
         rest of the translation reads the whole transcript encoded again without the causal
         mask (the cross caches replaced; the words written so far stay)."""
-        if source_finished and self.whole_source and state.source and not state.done:
+        whole_source = self.decoder.cfg.cascade_whole_source
+        if source_finished and whole_source and state.source and not state.done:
             whole = self.encoder(torch.tensor([state.source], device=self.device), causal=False)
             state = replace(state, decoder=self.decoder.replace_memory(whole, state.decoder))
         return super().write(state, source_finished)

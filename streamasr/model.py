@@ -679,11 +679,11 @@ class TranslationDecoder(nn.Module):
     def replace_memory(self, frames: Tensor, state: DecoderState) -> DecoderState:
         """Every layer's cross cache projected anew from `frames` (B, S, D), the memory read so
         far encoded again (the whole source); the self-attention caches stay."""
-        layers = []
-        for layer, s in zip(self.layers, state.layers):
-            k, v = layer.memory_kv(frames)
-            layers.append(DecoderLayerState(s.self_keys, s.self_values, k, v))
-        return DecoderState(layers=tuple(layers), tokens_done=state.tokens_done)
+        emptied = tuple(
+            replace(s, cross_keys=s.cross_keys[:, :, :0], cross_values=s.cross_values[:, :, :0])
+            for s in state.layers
+        )
+        return self.extend_memory(frames, replace(state, layers=emptied))
 
     def step(
         self, token: Tensor, state: DecoderState, visible_frames: int
