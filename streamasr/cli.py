@@ -191,6 +191,9 @@ OPTION_HELP = {
     "cascade_whole_source": "--cascade: once a segment's source has ended, the rest of its "
     "translation reads the whole transcript encoded again without the causal mask (default: "
     "off, the causal encoding throughout)",
+    "cascade_whole_encoder": "--cascade-whole-source: that reading by a second encoder of its "
+    "own, started from the causal one and trained alone (every other weight kept as the "
+    "init's; needs an init with a trained cascade)",
     "lookahead_frames": "right context: encoder frames (40 ms each) every chunk also sees "
     "after it, for that much latency; with --init, added to the init's model (default 0)",
     "right_context_frames": "right context inside the blocks (Emformer's): encoder frames "
@@ -209,6 +212,7 @@ MODEL_OPTIONS = (
     "transcript_vocab",
     "cascade_dropout",
     "cascade_whole_source",
+    "cascade_whole_encoder",
     "lookahead_frames",
     "right_context_frames",
 )
@@ -385,6 +389,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ("--multi30k", args.multi30k),
         ("--recognized", args.recognized),
         ("--cascade-whole-source", args.cascade_whole_source),
+        ("--cascade-whole-encoder", args.cascade_whole_encoder),
     ):
         if value and not args.cascade:
             raise UsageError(f"{flag} is for --cascade training (the transcript translator)")

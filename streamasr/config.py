@@ -58,6 +58,11 @@ class ModelConfig:
     # written while the source streamed in stay as written). False: the causal encoding
     # throughout, as every cascade before session 62.
     cascade_whole_source: bool = False
+    # That reading by a second transcript encoder of the same shape, of its own (`whole_encoder`),
+    # started from the causal one; cascade training then trains it alone, every other weight and
+    # every word written before the source ends kept as they were. False: the causal encoder's
+    # weights read the whole source too.
+    cascade_whole_encoder: bool = False
     translate_from: str = "speech"  # the default source of translation: "speech" or "transcript"
     # A second streaming encoder of this many blocks, with a CTC head of its own, read beside the
     # first: the transcript's posteriors are a weighted mean of the two, the companion's share
@@ -72,6 +77,8 @@ class ModelConfig:
             raise ValueError("translate_from='transcript' needs transcript_encoder_layers > 0")
         if self.cascade_whole_source and not self.transcript_encoder_layers:
             raise ValueError("cascade_whole_source needs transcript_encoder_layers > 0")
+        if self.cascade_whole_encoder and not self.cascade_whole_source:
+            raise ValueError("cascade_whole_encoder needs cascade_whole_source")
         if not 0 < self.companion_weight < 1:
             raise ValueError(f"companion_weight must be in (0, 1), got {self.companion_weight}")
         if not 0 <= self.unit_shift_frames < self.unit_frames:

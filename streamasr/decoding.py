@@ -408,7 +408,7 @@ class TranscriptWaitKTranslator(WaitKTranslator):
     The segment's subwords so far are re-encoded by the causal transcript encoder (a prefix
     encodes the same whatever follows) and only the new positions enter the cross caches; a
     model with `cascade_whole_source` encodes them once more, without the mask, when the
-    segment's source ends.
+    segment's source ends (by an encoder of its own with `cascade_whole_encoder`).
     """
 
     def __init__(
@@ -426,6 +426,7 @@ class TranscriptWaitKTranslator(WaitKTranslator):
             )
         super().__init__(model.transcript_decoder, policy, bos_id, eos_id, search)
         self.encoder, self.en = model.transcript_encoder, en
+        self.encode_whole = model.encode_whole_source
 
     def read(self, words: list[str], state: TranslatorState) -> TranslatorState:
         """Append committed transcript words (normalized, lowercase) of the current segment."""
@@ -445,7 +446,7 @@ class TranscriptWaitKTranslator(WaitKTranslator):
         mask (the cross caches replaced; the words written so far stay)."""
         whole_source = self.decoder.cfg.cascade_whole_source
         if source_finished and whole_source and state.source and not state.done:
-            whole = self.encoder(torch.tensor([state.source], device=self.device), causal=False)
+            whole = self.encode_whole(torch.tensor([state.source], device=self.device))
             state = replace(state, decoder=self.decoder.replace_memory(whole, state.decoder))
         return super().write(state, source_finished)
 

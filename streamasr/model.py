@@ -777,6 +777,8 @@ class SpeechTranslator(nn.Module):
             cascade = replace(cfg, dropout=cfg.cascade_dropout)
             self.transcript_encoder = TranscriptEncoder(cascade)
             self.transcript_decoder = TranslationDecoder(cascade)
+            if cfg.cascade_whole_encoder:
+                self.whole_encoder = TranscriptEncoder(cascade)
         self.companion = None
         if cfg.companion_encoder_layers:
             self.companion = CtcCompanion(replace(cfg, encoder_layers=cfg.companion_encoder_layers))
@@ -784,6 +786,12 @@ class SpeechTranslator(nn.Module):
     @property
     def has_cascade(self) -> bool:
         return self.cfg.transcript_encoder_layers > 0
+
+    def encode_whole_source(self, tokens: Tensor) -> Tensor:
+        """(B, S) transcript subwords of ended sources -> (B, S, D) without the causal mask, by
+        the whole-source encoder if the model has one, else by the causal encoder's weights."""
+        encoder = getattr(self, "whole_encoder", self.transcript_encoder)
+        return encoder(tokens, causal=False)
 
     def ctc_log_probs(self, frames: Tensor) -> Tensor:
         """The main encoder's CTC log-probabilities (`head_log_probs`)."""

@@ -212,7 +212,8 @@ def cascade_loss(
 ) -> torch.Tensor:
     """Cross-entropy of the targets under wait-k. With `cascade_whole_source` the targets written
     after the source has ended (`written_after_the_source`, `closing` words per row arriving
-    with the end; default 0) read the whole transcript encoded without the causal mask."""
+    with the end; default 0) read the whole transcript encoded without the causal mask
+    (`SpeechTranslator.encode_whole_source`)."""
     device = next(model.parameters()).device
     src = _pad([it["src"] for it in items]).to(device)
     de_in = _pad([[bos] + it["tgt"] for it in items]).to(device)
@@ -226,7 +227,7 @@ def cascade_loss(
         after = written_after_the_source(
             de_in.shape[1], ends, wait_k, model.cfg.tokens_per_unit, closing or [0] * len(items)
         )
-        whole = (model.transcript_encoder(src, causal=False), after.to(device))
+        whole = (model.encode_whole_source(src), after.to(device))
     logits = model.transcript_decoder(de_in, model.transcript_encoder(src), visible, whole)
     return F.cross_entropy(
         logits.transpose(1, 2), de_out, ignore_index=0, label_smoothing=tcfg.label_smoothing
@@ -286,6 +287,7 @@ CASCADE_FIELDS = (
     "transcript_vocab",
     "cascade_dropout",
     "cascade_whole_source",
+    "cascade_whole_encoder",
 )
 
 
@@ -307,10 +309,20 @@ def _start_cascade(
     return cfg, same_shape
 
 
-def _initial_cascade_weights(init: Path, same_shape: bool) -> dict[str, torch.Tensor]:
-    """The init's weights; for a cascade of a new shape, its decoder the speech decoder's."""
+def _initial_cascade_weights(
+    init: Path, same_shape: bool, cfg: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """The init's weights; for a cascade of a new shape, its decoder the speech decoder's; a
+    whole-source encoder the init lacks starts as its causal encoder."""
     initial = load_bundle(init).model.state_dict()
     if same_shape:
+        if cfg.cascade_whole_encoder and not any(k.startswith("whole_encoder.") for k in initial):
+            prefix = "transcript_encoder."
+            initial |= {
+                f"whole_encoder.{k.removeprefix(prefix)}": v.clone()
+                for k, v in initial.items()
+                if k.startswith(prefix)
+            }
         return initial
     initial = {k: v for k, v in initial.items() if not k.startswith("transcript_")}
     return initial | {f"transcript_{k}": v for k, v in initial.items() if k.startswith("decoder.")}
@@ -350,6 +362,11 @@ def train_cascade(
         pairs = with_recognized(sentences, recognized_pairs(recognized))
     if fresh:
         cfg, same_shape = _start_cascade(init, work, cascade, [text for text, _ in sentences])
+        if cfg.cascade_whole_encoder and not same_shape:
+            raise TrainError(
+                f"--cascade-whole-encoder trains a second encoder beside a trained cascade: "
+                f"{init} has none of this shape (train the cascade first)"
+            )
     else:
         cfg = ModelConfig.from_json(json.loads((work / "config.json").read_text())["model"])
     en = transcript_pieces(work, cfg) or Tokenizer(work / "en.model")  # the source pieces
@@ -369,9 +386,12 @@ def train_cascade(
         ]
     model = SpeechTranslator(cfg)
     if fresh:
-        model.load_state_dict(_initial_cascade_weights(init, same_shape), strict=False)
+        model.load_state_dict(_initial_cascade_weights(init, same_shape, cfg), strict=False)
     model.to(device)
-    params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
+    if cfg.cascade_whole_encoder:  # the whole-source reading alone; the rest stays as it is
+        params = list(model.whole_encoder.parameters())
+    else:
+        params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
     log.info(
         "cascade: %.2f M trained parameters; %d sentence pairs; word error rate per sentence "
         "uniform in [0, %g]",

@@ -319,6 +319,11 @@ def test_multi30k_text_is_for_cascade_training(capsys, tmp_path):
     argv = ["train", "--work", str(tmp_path), "--cascade", "--cascade-whole-source"]
     assert main(argv) == 2  # a config that cannot be: one line, no traceback
     assert "cascade_whole_source needs transcript_encoder_layers" in capsys.readouterr().err
+    assert main(["train", "--work", str(tmp_path), "--cascade-whole-encoder"]) == 2
+    assert "--cascade-whole-encoder is for --cascade" in capsys.readouterr().err
+    argv = ["train", "--work", str(tmp_path), "--cascade", "--transcript-encoder-layers", "1"]
+    assert main([*argv, "--cascade-whole-encoder"]) == 2
+    assert "cascade_whole_encoder needs cascade_whole_source" in capsys.readouterr().err
     assert main(["train", "--work", str(tmp_path)]) == 2
     assert "train needs --corpus" in capsys.readouterr().err
 

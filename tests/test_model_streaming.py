@@ -279,14 +279,19 @@ def test_cascade_wait_k_equals_full_recomputation(tiny_config, tiny_bundle_dir, 
     assert fast
 
 
-@pytest.mark.parametrize("wait_k,closing", [(1, 0), (2, 0), (2, 2), (3, 1), (None, 0)])
+@pytest.mark.parametrize(
+    "wait_k,closing,own_encoder",
+    [(1, 0, False), (2, 0, False), (2, 2, False), (3, 1, False), (None, 0, False)]
+    + [(2, 2, True), (None, 0, True)],
+)
 def test_cascade_whole_source_equals_full_recomputation(
-    tiny_config, tiny_bundle_dir, wait_k, closing
+    tiny_config, tiny_bundle_dir, wait_k, closing, own_encoder
 ):
     """With cascade_whole_source, the tokens written once the source has ended read the whole
-    transcript encoded without the causal mask: decoding with caches, the last `closing` words
-    arriving with the end, equals decoding each token from scratch with the memory
-    `written_after_the_source` names, logits and greedy tokens."""
+    transcript encoded without the causal mask (`own_encoder`: by a second encoder of its own):
+    decoding with caches, the last `closing` words arriving with the end, equals decoding each
+    token from scratch with the memory `written_after_the_source` names, logits and greedy
+    tokens."""
     from dataclasses import replace
 
     from streamasr.decoding import (
@@ -302,7 +307,11 @@ def test_cascade_whole_source_equals_full_recomputation(
 
     en = Tokenizer(tiny_bundle_dir / "en.model")
     cfg = replace(
-        tiny_config, en_vocab=len(en), transcript_encoder_layers=2, cascade_whole_source=True
+        tiny_config,
+        en_vocab=len(en),
+        transcript_encoder_layers=2,
+        cascade_whole_source=True,
+        cascade_whole_encoder=own_encoder,
     )
     torch.manual_seed(5)
     model = SpeechTranslator(cfg).eval()
@@ -331,8 +340,12 @@ def test_cascade_whole_source_equals_full_recomputation(
 
         source, ends = en.encode_words(words)
         causal = model.transcript_encoder(torch.tensor([source]))
-        whole = model.transcript_encoder(torch.tensor([source]), causal=False)
+        encoder = model.whole_encoder if own_encoder else model.transcript_encoder
+        whole = encoder(torch.tensor([source]), causal=False)
         assert not torch.allclose(causal, whole, atol=1e-4)  # the future changes the encoding
+        if own_encoder:  # and the second encoder's weights are not the causal one's
+            shared = model.transcript_encoder(torch.tensor([source]), causal=False)
+            assert not torch.allclose(shared, whole, atol=1e-4)
         tokens = [bos]
         for i in range(len(fast) + 1):
             visible = wait_k_visible_positions(i + 1, [ends], wait_k, 1)

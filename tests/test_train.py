@@ -482,6 +482,47 @@ def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(
     assert_same_weights(shipped.model, whole)
 
 
+def test_whole_source_encoder_trains_alone_and_resumes_exactly(tmp_path, tone):
+    """--cascade-whole-encoder beside a trained cascade: the second encoder starts as the causal
+    one and is the only weight that moves; killed and resumed, it ends where an unbroken run
+    does; an init without a cascade of that shape is refused."""
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=1, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    speech = export(tmp_path / "a", tmp_path / "speech")
+    ctcfg = replace(tcfg, steps=3, batch_tokens=60, val_every=2)
+    train_cascade(corpus, tmp_path / "b", speech, ctcfg, {"transcript_encoder_layers": 1})
+    cascade = export(tmp_path / "b", tmp_path / "cascade")
+    mode = {
+        "transcript_encoder_layers": 1,
+        "cascade_whole_source": True,
+        "cascade_whole_encoder": True,
+    }
+    own = train_cascade(corpus, tmp_path / "c", cascade, ctcfg, mode)
+    train_cascade(corpus, tmp_path / "d", cascade, ctcfg, mode, stop_at=1)  # "killed"
+    assert_same_weights(own, train_cascade(corpus, tmp_path / "d", cascade, ctcfg, mode))
+    before = load_bundle(cascade).model.state_dict()
+    after = own.state_dict()
+    assert {k for k in after if k not in before} == {
+        k.replace("transcript_encoder.", "whole_encoder.", 1)
+        for k in before
+        if k.startswith("transcript_encoder.")
+    }
+    for name, value in before.items():
+        assert torch.equal(after[name], value), name
+    moved = [
+        not torch.equal(after[k], before[k.replace("whole_encoder.", "transcript_encoder.", 1)])
+        for k in after
+        if k.startswith("whole_encoder.")
+    ]
+    assert any(moved)  # started as the causal encoder, and trained
+    shipped = load_bundle(export(tmp_path / "c", tmp_path / "own"))
+    assert shipped.config.cascade_whole_encoder and shipped.config.cascade_whole_source
+    assert_same_weights(shipped.model, own)
+    with pytest.raises(TrainError, match="has none of this shape"):
+        train_cascade(corpus, tmp_path / "e", speech, ctcfg, mode)
+
+
 def write_multi30k(folder, corpus) -> None:
     """A Multi30k folder holding the text of a corpus's train and val manifests."""
     folder.mkdir()
