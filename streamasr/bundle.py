@@ -195,6 +195,8 @@ def with_companion(main: Path, second: Path, weight: float = 0.5) -> Bundle:
     first, other = load_bundle(main), load_bundle(second)
     if first.model.companion is not None or other.model.companion is not None:
         raise ModelFolderError("a companion's model folder must not have a companion itself")
+    if other.config.self_condition_layers:
+        raise ModelFolderError(f"{second}: a self-conditioned encoder cannot be a companion")
     differ = [n for n in COMPANION_FIELDS if getattr(first.config, n) != getattr(other.config, n)]
     if differ:
         raise ModelFolderError(

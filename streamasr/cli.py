@@ -152,10 +152,12 @@ TRAIN_OPTIONS = (
     "reverb_prob",
     "mt_detach",
     "freeze_encoder",
+    "cascade_train_all",
     "batch_tokens",
     "source_noise",
     "full_context_prob",
     "distill_weight",
+    "inter_ctc_weight",
     "teacher",
     "train_chunk_ms",
     "val_utterances",
@@ -171,6 +173,8 @@ OPTION_HELP = {
     "optimizer in float32 (on this project's CPU 1.16 times the audio per second over a "
     "1,200-step run, up to 1.37 over short ones; default fp32)",
     "full_context_prob": "share of batches trained without the chunk mask (default 0.2)",
+    "inter_ctc_weight": "with --self-condition-layers: weight of the intermediate heads' CTC "
+    "loss, their mean, beside the final head's (default 0.3)",
     "distill_weight": "in-place distillation: on chunked batches, this weight times the KL "
     "divergence of the streamed CTC posteriors from the same weights' full-context ones, per "
     "frame (default 0: none; costs a full-context encoder pass per batch)",
@@ -194,6 +198,8 @@ OPTION_HELP = {
     "cascade_whole_encoder": "--cascade-whole-source: that reading by a second encoder of its "
     "own, started from the causal one and trained alone (every other weight kept as the "
     "init's; needs an init with a trained cascade)",
+    "cascade_train_all": "--cascade-whole-encoder: train the second encoder together with the "
+    "causal encoder and the decoder (default: it alone)",
     "lookahead_frames": "right context: encoder frames (40 ms each) every chunk also sees "
     "after it, for that much latency; with --init, added to the init's model (default 0)",
     "right_context_frames": "right context inside the blocks (Emformer's): encoder frames "
@@ -246,6 +252,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="with --init: N more encoder blocks on top of the init's, starting as the identity "
         "(their output projections zero), so the deeper model begins where the init was",
+    )
+    train.add_argument(
+        "--self-condition-layers",
+        type=_block_list,
+        default=(),
+        metavar="I,J",
+        help="self-conditioned CTC: after these encoder blocks (1-based, below the last) an "
+        "intermediate CTC head's posteriors are fed back into the frames (with --init: grafted "
+        "on, starting as no change), and its CTC loss is trained (--inter-ctc-weight)",
     )
     train.add_argument(
         "--cascade",
@@ -398,8 +413,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     train_cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
+    if args.cascade_train_all and not args.cascade_whole_encoder:
+        raise UsageError("--cascade-train-all is for --cascade-whole-encoder training")
     if args.teacher and args.cascade:
         raise UsageError("--teacher distils into the speech model, not the --cascade translator")
+    if args.self_condition_layers and args.cascade:
+        raise UsageError(
+            "--self-condition-layers changes the speech model, not the --cascade translator"
+        )
     if args.add_encoder_layers and args.cascade:
         raise UsageError(
             "--add-encoder-layers grows the speech model, not the --cascade translator"
@@ -429,6 +450,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 args.corpus, args.work, model_cfg, train_cfg,
                 stop_at=args.stop_at, init=args.init, extra=args.extra_train,
                 add_encoder_layers=args.add_encoder_layers,
+                self_condition_layers=args.self_condition_layers,
             )  # fmt: skip
     except TrainError as err:
         raise UsageError(str(err)) from None
@@ -551,6 +573,14 @@ def _int_at_least(minimum: int, what: str):
 
 _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
+
+
+def _block_list(text: str) -> tuple[int, ...]:
+    """I,J,...: encoder blocks, 1-based, ascending and distinct."""
+    blocks = tuple(_positive_int(item) for item in text.split(",") if item.strip())
+    if list(blocks) != sorted(set(blocks)):
+        raise argparse.ArgumentTypeError(f"blocks must ascend without repeats, got {text}")
+    return blocks
 
 
 def _manifest_count(text: str) -> tuple[Path, int | None]:

@@ -33,6 +33,11 @@ class ModelConfig:
     # see the next this many frames, recomputed with each chunk and never cached; emitted that
     # much later too (after the lookahead's frames, when both are set).
     right_context_frames: int = 0
+    # Self-conditioned CTC (Nozaki and Komatsu, 2021): after each of these encoder blocks
+    # (1-based), an intermediate CTC head reads the frames and its posteriors are projected back
+    # into them, so the blocks above refine a transcript rather than start one; training adds
+    # the intermediate heads' CTC losses. Per frame, so streaming stays exact. (): none.
+    self_condition_layers: tuple[int, ...] = ()
     decoder_layers: int = 3  # translation decoder blocks
     unit_ms: int = 320  # wait-k source unit: this much encoded audio is one unit
     # The first unit is this many frames shorter, so that with a lookahead of as many frames
@@ -79,6 +84,11 @@ class ModelConfig:
             raise ValueError("cascade_whole_source needs transcript_encoder_layers > 0")
         if self.cascade_whole_encoder and not self.cascade_whole_source:
             raise ValueError("cascade_whole_encoder needs cascade_whole_source")
+        if any(not 1 <= i < self.encoder_layers for i in self.self_condition_layers):
+            raise ValueError(
+                f"self_condition_layers must be blocks 1 to {self.encoder_layers - 1} (below "
+                f"the last), got {self.self_condition_layers}"
+            )
         if not 0 < self.companion_weight < 1:
             raise ValueError(f"companion_weight must be in (0, 1), got {self.companion_weight}")
         if not 0 <= self.unit_shift_frames < self.unit_frames:

@@ -323,6 +323,24 @@ class EncoderLayer(nn.Module):
         return x, LayerState(keys=keys, values=values, conv_tail=conv_tail)
 
 
+class SelfConditioning(nn.Module):
+    """An intermediate CTC head and the way back: frames (B, T, D) -> the frames plus a
+    projection of the head's posteriors, and the head's log-probabilities (B, T, V_en). The
+    projection starts at zero, so grafted onto a trained encoder it changes nothing at first."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.en_vocab)
+        self.back = nn.Linear(cfg.en_vocab, cfg.d_model)
+        nn.init.zeros_(self.back.weight)
+        nn.init.zeros_(self.back.bias)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        log_probs = head_log_probs(self.head, self.norm(x))
+        return x + self.back(log_probs.exp().to(x.dtype)), log_probs
+
+
 class StreamingEncoder(nn.Module):
     """Features -> encoder frames; a frame sees its chunk and left_context_frames before it,
     and, with lookahead_frames, that many frames after its chunk (through `Lookahead`); with
@@ -341,14 +359,34 @@ class StreamingEncoder(nn.Module):
             Lookahead(cfg.d_model, cfg.lookahead_frames) if cfg.lookahead_frames else None
         )
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        # after block i (1-based), keyed by str(i)
+        self.conditioners = nn.ModuleDict(
+            {str(i): SelfConditioning(cfg) for i in cfg.self_condition_layers}
+        )
         self.norm = nn.LayerNorm(cfg.d_model)
 
+    def _condition(self, i: int, x: Tensor, intermediate: list[Tensor] | None = None) -> Tensor:
+        """The frames x after block i (0-based), self-conditioned if the block has a
+        conditioner; its log-probs are appended to `intermediate`."""
+        key = str(i + 1)
+        if key not in self.conditioners:
+            return x
+        x, log_probs = self.conditioners[key](x)
+        if intermediate is not None:
+            intermediate.append(log_probs)
+        return x
+
     def forward(
-        self, feats: Tensor, feat_lengths: Tensor, chunk_frames: int
+        self,
+        feats: Tensor,
+        feat_lengths: Tensor,
+        chunk_frames: int,
+        intermediate: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(B, T_feat, n_mels), (B,) -> (B, T, D), (B,) with T = T_feat // subsampling.
 
-        chunk_frames <= 0 means full context (no chunking, no lookback limit).
+        chunk_frames <= 0 means full context (no chunking, no lookback limit). `intermediate`:
+        a list that receives the self-conditioning heads' log-probs (B, T, V_en), lowest first.
         """
         x = self.subsampling(feats)
         lengths = feat_lengths // self.subsampling.factor
@@ -372,8 +410,11 @@ class StreamingEncoder(nn.Module):
         # Padded queries may have no valid key left; their own position keeps softmax finite.
         eye = torch.eye(x.shape[1], dtype=torch.bool, device=x.device)
         allowed = (allowed | eye[None])[:, None]
-        for layer in self.layers:
-            x = layer(x, allowed, positions, right)
+        collected: list[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x = self._condition(i, layer(x, allowed, positions, right), collected)
+        if intermediate is not None:
+            intermediate += [log_probs[:, :T] for log_probs in collected]
         return self.norm(x[:, :T]), lengths
 
     def _with_right_context(
@@ -454,6 +495,7 @@ class StreamingEncoder(nn.Module):
                 block, layers[i] = layer.step(
                     block, layers[i], start, self.cfg.left_context_frames, cached=size
                 )
+                block = self._condition(i, block)
             pieces.append(block[:, :size])
             start += size
         x = torch.cat(pieces, dim=1) if pieces else x[:, :0]
@@ -781,7 +823,9 @@ class SpeechTranslator(nn.Module):
                 self.whole_encoder = TranscriptEncoder(cascade)
         self.companion = None
         if cfg.companion_encoder_layers:
-            self.companion = CtcCompanion(replace(cfg, encoder_layers=cfg.companion_encoder_layers))
+            self.companion = CtcCompanion(
+                replace(cfg, encoder_layers=cfg.companion_encoder_layers, self_condition_layers=())
+            )
 
     @property
     def has_cascade(self) -> bool:

@@ -69,6 +69,8 @@ class TrainConfig:
     # divergence of the streamed CTC posteriors from the same weights' full-context ones (no
     # gradient through those), per frame; 0: none
     distill_weight: float = 0.0
+    # weight of the self-conditioning heads' CTC loss (`self_condition_layers`), per token
+    inter_ctc_weight: float = 0.3
     # a model folder whose full-context transcript posteriors (its companion's mixed in, if it
     # has one) the distillation reads instead of the same weights', on every batch; "": none
     teacher: str = ""
@@ -84,6 +86,9 @@ class TrainConfig:
     reverb_prob: float = 0.0  # share of utterances given late reverberation; 0: none
     mt_detach: bool = True  # the translation loss trains the decoder only, not the encoder
     freeze_encoder: bool = False  # encoder fixed (no gradients, no CTC): decoder-only training
+    # cascade training with a whole-source encoder of its own (`cascade_whole_encoder`): train it
+    # together with the causal encoder and the decoder; False: it alone, the rest kept as it is
+    cascade_train_all: bool = False
     grad_clip: float = 5.0
     val_every: int = 500  # steps between validations
     ckpt_every: int = 100  # steps between checkpoints
@@ -368,6 +373,24 @@ class Losses(NamedTuple):
     mt: torch.Tensor  # per translation token
     # per frame; zero unless tcfg.distill_weight > 0 and the batch is chunked or has a teacher
     distill: torch.Tensor
+    # per transcript token, the mean over the self-conditioning heads; zero without them
+    inter: torch.Tensor
+
+
+def ctc_per_token(
+    log_probs: torch.Tensor, targets: list[torch.Tensor], frame_lengths: torch.Tensor
+) -> torch.Tensor:
+    """CTC loss of (B, T, V) log-probs, summed over the batch and divided by its target tokens."""
+    target_lengths = torch.tensor([len(t) for t in targets])
+    return F.ctc_loss(
+        log_probs.transpose(0, 1),
+        torch.cat(targets),
+        frame_lengths,
+        target_lengths,
+        blank=0,
+        reduction="sum",
+        zero_infinity=True,
+    ) / target_lengths.sum().clamp_min(1)
 
 
 def loss_on_batch(
@@ -379,26 +402,20 @@ def loss_on_batch(
     teacher: SpeechTranslator | None = None,
 ) -> Losses:
     feats, lengths, en, de_in, de_out = batch
+    intermediate: list[torch.Tensor] = []
     with torch.set_grad_enabled(not tcfg.freeze_encoder and torch.is_grad_enabled()):
-        frames, frame_lengths = model.encoder(feats, lengths, chunk_frames)
+        frames, frame_lengths = model.encoder(feats, lengths, chunk_frames, intermediate)
     distill = frames.new_zeros((), dtype=torch.float32)
-    if tcfg.freeze_encoder:
-        ctc = frames.new_zeros(())
-    else:
+    ctc = inter = frames.new_zeros((), dtype=torch.float32)
+    if not tcfg.freeze_encoder:
         log_probs = model.ctc_log_probs(frames)
         if tcfg.distill_weight and (chunk_frames > 0 or teacher is not None):
             source = model if teacher is None else teacher
             distill = full_context_kl(source, feats, lengths, log_probs, frame_lengths)
-        en_lengths = torch.tensor([len(t) for t in en])
-        ctc = F.ctc_loss(
-            log_probs.transpose(0, 1),
-            torch.cat(en),
-            frame_lengths,
-            en_lengths,
-            blank=0,
-            reduction="sum",
-            zero_infinity=True,
-        ) / en_lengths.sum().clamp_min(1)
+        ctc = ctc_per_token(log_probs, en, frame_lengths)
+        if intermediate:
+            inter = sum(ctc_per_token(lp, en, frame_lengths) for lp in intermediate)
+            inter = inter / len(intermediate)
     cfg = model.cfg
     visible = wait_k_visible_frames(
         de_in.shape[1],
@@ -413,7 +430,7 @@ def loss_on_batch(
     mt = F.cross_entropy(
         logits.transpose(1, 2), de_out, ignore_index=0, label_smoothing=tcfg.label_smoothing
     )
-    return Losses(ctc, mt, distill)
+    return Losses(ctc, mt, distill, inter)
 
 
 def full_context_kl(
@@ -510,12 +527,15 @@ def train(
     init: Path | None = None,
     extra: Sequence[Path] = (),
     add_encoder_layers: int = 0,
+    self_condition_layers: tuple[int, ...] = (),
 ) -> SpeechTranslator:
     """Train (or resume) towards tcfg.steps; `stop_at` ends this run early at that step, as a
     kill would, leaving a checkpoint to resume from. `init` starts a new work folder from a
     model folder's weights, tokenizers and statistics (a warm start with a fresh optimizer),
     with `add_encoder_layers` more encoder blocks on top that start as the identity.
-    `extra` corpora add their train splits to the training data."""
+    `self_condition_layers` replaces the model's (the init's, or cfg's); with an init, new
+    conditioners start as no change. `extra` corpora add their train splits to the training
+    data."""
     if add_encoder_layers and init is None:
         raise TrainError("adding encoder layers needs an init model to add them to")
     if tcfg.teacher and tcfg.distill_weight <= 0:
@@ -547,8 +567,13 @@ def train(
             right_context_frames=right,
             encoder_layers=init_cfg.encoder_layers + add_encoder_layers,
         )
-        if not resuming:
-            _warm_start_files(init, work)
+    if self_condition_layers:
+        try:
+            cfg = replace(cfg, self_condition_layers=self_condition_layers)
+        except ValueError as err:
+            raise TrainError(str(err)) from None
+    if init is not None and not resuming:
+        _warm_start_files(init, work)
     # Speech units end where unit_ms of audio completes frames: the lookahead's and the right
     # context's frames later (a run resumed from before that keeps its own units).
     shift = min(cfg.ahead_frames, cfg.unit_frames - 1)
@@ -568,14 +593,20 @@ def train(
         source = load_bundle(init).model
         missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
         grown = range(init_cfg.encoder_layers, cfg.encoder_layers)
-        new_blocks = tuple(f"encoder.layers.{i}." for i in grown)
-        missing = [name for name in missing if not name.startswith(new_blocks)]
+        new = (*(f"encoder.layers.{i}." for i in grown), "encoder.conditioners.")
+        conditioned = any(name.startswith("encoder.conditioners.") for name in missing)
+        missing = [name for name in missing if not name.startswith(new)]
         if any(not name.startswith("encoder.lookahead.") for name in missing + unexpected):
             raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
         for i in grown:
             model.encoder.layers[i].start_as_identity()
         if grown:
             log.info("%d encoder blocks added on top, starting as the identity", len(grown))
+        if conditioned:
+            log.info(
+                "self-conditioning after blocks %s, starting as no change",
+                cfg.self_condition_layers,
+            )
         if missing:
             log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)
         if unexpected:
@@ -602,7 +633,7 @@ def train(
         augment = aug if step >= tcfg.augment_from else None
         batch = collate(train_cache, indices, stats, augment, gen, de.bos_id, de.eos_id)
         batch = to_device(batch, device)
-        ctc, mt, distill = loss_on_batch(model, batch, chunk, k or None, tcfg, teacher)
+        ctc, mt, distill, inter = loss_on_batch(model, batch, chunk, k or None, tcfg, teacher)
         audio_s += int(batch[1].sum()) / 100
         speed = round(audio_s / (time.perf_counter() - t0), 1)
         # audio trained on since this process began (a resumed run counts afresh), and per second
@@ -610,10 +641,12 @@ def train(
             "ctc": round(ctc.item(), 4),
             "mt": round(mt.item(), 4),
             **({"distill": round(distill.item(), 4)} if tcfg.distill_weight else {}),
+            **({"inter": round(inter.item(), 4)} if cfg.self_condition_layers else {}),
             "audio_s": round(audio_s, 2),
             "audio_s_per_s": speed,
         }
         loss = tcfg.ctc_weight * ctc + tcfg.mt_weight * mt + tcfg.distill_weight * distill
+        loss = loss + tcfg.inter_ctc_weight * inter
         return loss, record
 
     run_steps(

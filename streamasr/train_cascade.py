@@ -388,10 +388,9 @@ def train_cascade(
     if fresh:
         model.load_state_dict(_initial_cascade_weights(init, same_shape, cfg), strict=False)
     model.to(device)
-    if cfg.cascade_whole_encoder:  # the whole-source reading alone; the rest stays as it is
-        params = list(model.whole_encoder.parameters())
-    else:
-        params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
+    params = [*model.transcript_encoder.parameters(), *model.transcript_decoder.parameters()]
+    if cfg.cascade_whole_encoder:  # alone, the rest kept as it is, unless all are trained
+        params = [*model.whole_encoder.parameters(), *(params if tcfg.cascade_train_all else [])]
     log.info(
         "cascade: %.2f M trained parameters; %d sentence pairs; word error rate per sentence "
         "uniform in [0, %g]",

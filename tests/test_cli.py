@@ -324,8 +324,16 @@ def test_multi30k_text_is_for_cascade_training(capsys, tmp_path):
     argv = ["train", "--work", str(tmp_path), "--cascade", "--transcript-encoder-layers", "1"]
     assert main([*argv, "--cascade-whole-encoder"]) == 2
     assert "cascade_whole_encoder needs cascade_whole_source" in capsys.readouterr().err
+    assert main([*argv, "--cascade-train-all"]) == 2
+    assert "--cascade-train-all is for --cascade-whole-encoder" in capsys.readouterr().err
     assert main(["train", "--work", str(tmp_path)]) == 2
     assert "train needs --corpus" in capsys.readouterr().err
+    argv = ["train", "--work", str(tmp_path), "--cascade", "--self-condition-layers", "2"]
+    assert main(argv) == 2
+    assert "--self-condition-layers changes the speech model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--work", str(tmp_path), "--self-condition-layers", "4,2"])
+    assert "blocks must ascend without repeats" in capsys.readouterr().err
 
 
 def test_lm_opens_its_vocabulary_with_common_english_words(capsys, corpus_and_model, monkeypatch):

@@ -85,6 +85,47 @@ def test_encoder_step_with_lookahead_equals_forward(
     assert all(layer.keys.shape[2] <= tiny_config.left_context_frames for layer in state.layers)
 
 
+@pytest.mark.parametrize("chunk_frames, right", [(2, 0), (4, 2)])
+def test_self_conditioned_encoder_step_equals_forward(tiny_config, chunk_frames, right):
+    """Self-conditioned CTC after block 1 of 3: chunk by chunk (with right context too) equals
+    the whole pass under the chunk mask; the pass hands out the intermediate head's log-probs;
+    the conditioning changes the frames, and grafted (its projection zero) it changes nothing."""
+    from dataclasses import replace
+
+    from streamasr.model import SpeechTranslator
+
+    cfg = replace(tiny_config, encoder_layers=3, right_context_frames=right)
+    torch.manual_seed(0)
+    plain = SpeechTranslator(cfg).eval()
+    model = SpeechTranslator(replace(cfg, self_condition_layers=(1,))).eval()
+    missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("encoder.conditioners.1.") for name in missing)
+    torch.manual_seed(1)
+    sub, num_frames = model.encoder.subsampling.factor, 37
+    feats = torch.randn(1, num_frames * sub, cfg.n_mels)
+    length = torch.tensor([num_frames * sub])
+    with torch.no_grad():
+        grafted, _ = model.encoder(feats, length, chunk_frames)
+        assert torch.equal(grafted, plain.encoder(feats, length, chunk_frames)[0])
+        model.encoder.conditioners["1"].back.weight.normal_(0, 0.5)  # trained, it counts
+        intermediate = []
+        full, _ = model.encoder(feats, length, chunk_frames, intermediate)
+        assert (full - grafted).abs().max().item() > 1e-2
+        state = model.encoder.init_state(chunk_frames=chunk_frames)
+        pieces = []
+        for start in range(0, num_frames, chunk_frames):
+            out, state = model.encoder.step(
+                feats[:, start * sub : (start + chunk_frames) * sub], state
+            )
+            pieces.append(out)
+        pieces.append(model.encoder.step(feats[:, :0], state, final=True)[0])
+    streamed = torch.cat(pieces, dim=1)
+    assert streamed.shape[1] == num_frames
+    assert (streamed - full).abs().max().item() <= 1e-4
+    assert len(intermediate) == 1 and intermediate[0].shape == (1, num_frames, cfg.en_vocab)
+    assert torch.allclose(intermediate[0].exp().sum(-1), torch.ones(1, num_frames))
+
+
 def test_lookahead_sees_ahead_and_starts_as_identity(tiny_config):
     from streamasr.model import SpeechTranslator
 

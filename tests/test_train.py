@@ -247,7 +247,7 @@ def test_detached_translation_loss_leaves_the_encoder_alone(tmp_path, tone):
     cache, _, stats, _, de = prepare(corpus, tmp_path / "a", TINY, 2)
     batch = collate(cache, [0, 1], stats, None, torch.Generator(), de.bos_id, de.eos_id)
     model.zero_grad(set_to_none=True)
-    _, mt, _ = loss_on_batch(model, batch, chunk_frames=2, wait_k=1, tcfg=tcfg)
+    mt = loss_on_batch(model, batch, chunk_frames=2, wait_k=1, tcfg=tcfg).mt
     mt.backward()
     assert all(p.grad is None for p in model.encoder.parameters())
     assert model.decoder.out.weight.grad.abs().sum() > 0
@@ -482,6 +482,40 @@ def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(
     assert_same_weights(shipped.model, whole)
 
 
+def test_self_conditioning_grafts_as_no_change_then_learns_and_resumes(tmp_path, tone):
+    """--self-condition-layers on an init: the model starts as the init's (a grown block and a
+    zero projection), then the intermediate head's CTC loss is logged and the projection learns;
+    a killed run resumes exactly; blocks outside the encoder are refused."""
+    corpus = make_corpus(tmp_path / "corpus", tone)
+    tcfg = TrainConfig(steps=2, batch_frames=900, val_every=1000, val_utterances=2, warmup_steps=1)
+    train(corpus, tmp_path / "a", TINY, tcfg)
+    folder = export(tmp_path / "a", tmp_path / "model")
+    plain = load_bundle(folder).model
+    grow = {"init": folder, "add_encoder_layers": 1, "self_condition_layers": (1,)}
+    start = train(corpus, tmp_path / "b", ModelConfig(), replace(tcfg, lr=0.0), **grow)
+    assert start.cfg == replace(TINY, encoder_layers=2, self_condition_layers=(1,))
+    feats, lengths = torch.randn(1, 200, 80), torch.tensor([200])
+    with torch.no_grad():
+        for chunk in (-1, 4):
+            out = start.eval().encoder(feats, lengths, chunk)[0]
+            assert torch.equal(out, plain.encoder(feats, lengths, chunk)[0])
+    learnt = train(corpus, tmp_path / "c", ModelConfig(), tcfg, **grow)
+    assert learnt.encoder.conditioners["1"].back.weight.abs().max() > 0
+    logged = [
+        json.loads(line) for line in (tmp_path / "c" / "train_log.jsonl").read_text().splitlines()
+    ]
+    assert len(logged) == 2 and all(row["inter"] > 0 for row in logged)
+    train(corpus, tmp_path / "d", ModelConfig(), tcfg, stop_at=1, **grow)  # "killed"
+    assert_same_weights(learnt, train(corpus, tmp_path / "d", ModelConfig(), tcfg, **grow))
+    exported = load_bundle(export(tmp_path / "c", tmp_path / "model_c"))
+    assert exported.config.self_condition_layers == (1,)
+    assert_same_weights(exported.model, learnt)
+    with pytest.raises(TrainError, match="self_condition_layers must be blocks 1 to 1"):
+        train(
+            corpus, tmp_path / "e", ModelConfig(), tcfg, **(grow | {"self_condition_layers": (2,)})
+        )
+
+
 def test_whole_source_encoder_trains_alone_and_resumes_exactly(tmp_path, tone):
     """--cascade-whole-encoder beside a trained cascade: the second encoder starts as the causal
     one and is the only weight that moves; killed and resumed, it ends where an unbroken run
@@ -521,6 +555,13 @@ def test_whole_source_encoder_trains_alone_and_resumes_exactly(tmp_path, tone):
     assert_same_weights(shipped.model, own)
     with pytest.raises(TrainError, match="has none of this shape"):
         train_cascade(corpus, tmp_path / "e", speech, ctcfg, mode)
+    every = train_cascade(
+        corpus, tmp_path / "f", cascade, replace(ctcfg, cascade_train_all=True), mode
+    )
+    for name in ("transcript_encoder", "transcript_decoder", "whole_encoder"):
+        assert not torch.equal(  # with --cascade-train-all every part of the cascade moves
+            next(getattr(every, name).parameters()), next(getattr(own, name).parameters())
+        ), name
 
 
 def write_multi30k(folder, corpus) -> None:
@@ -672,6 +713,10 @@ def test_companion_folder_holds_both_encoders(tiny_bundle_dir, tmp_path, capsys)
     with pytest.raises(SystemExit):  # argparse: a share outside (0, 1)
         main(["companion", str(tiny_bundle_dir), str(second), "--out", "x", "--weight", "1"])
     assert "between 0 and 1" in capsys.readouterr().err
+    conditioned = replace(tiny.config, self_condition_layers=(1,))
+    replace(tiny, config=conditioned, model=SpeechTranslator(conditioned)).save(tmp_path / "sc")
+    with pytest.raises(ModelFolderError, match="self-conditioned encoder cannot be a companion"):
+        with_companion(tiny_bundle_dir, tmp_path / "sc")
     replace(tiny.config, encoder_layers=1, right_context_frames=2).save(second / "config.json")
     refused(tiny_bundle_dir, "config.json differs from")
     with pytest.raises(ModelFolderError, match="in right_context_frames"):
@@ -790,7 +835,7 @@ def test_bf16_losses_and_gradients_follow_float32(tmp_path, tone):
     for precision in ("fp32", "bf16"):
         model.zero_grad()
         with autocast(cpu, precision):
-            ctc, mt, _ = loss_on_batch(model, batch, 4, 2, tcfg)
+            ctc, mt, *_ = loss_on_batch(model, batch, 4, 2, tcfg)
         (ctc + mt).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         runs.append((ctc.item(), mt.item(), grads, ctc.dtype))
