@@ -336,6 +336,12 @@ class SelfConditioning(nn.Module):
         nn.init.zeros_(self.back.weight)
         nn.init.zeros_(self.back.bias)
 
+    def start_as(self, norm: nn.LayerNorm, head: nn.Linear) -> None:
+        """Read the frames with a trained encoder's final norm and CTC head (grafted onto it,
+        the intermediate loss then starts near the final one, not at a random head's)."""
+        self.norm.load_state_dict(norm.state_dict())
+        self.head.load_state_dict(head.state_dict())
+
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         log_probs = head_log_probs(self.head, self.norm(x))
         return x + self.back(log_probs.exp().to(x.dtype)), log_probs

@@ -594,7 +594,10 @@ def train(
         missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
         grown = range(init_cfg.encoder_layers, cfg.encoder_layers)
         new = (*(f"encoder.layers.{i}." for i in grown), "encoder.conditioners.")
-        conditioned = any(name.startswith("encoder.conditioners.") for name in missing)
+        prefix = "encoder.conditioners."
+        conditioned = {
+            name[len(prefix) :].split(".")[0] for name in missing if name.startswith(prefix)
+        }
         missing = [name for name in missing if not name.startswith(new)]
         if any(not name.startswith("encoder.lookahead.") for name in missing + unexpected):
             raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
@@ -602,10 +605,12 @@ def train(
             model.encoder.layers[i].start_as_identity()
         if grown:
             log.info("%d encoder blocks added on top, starting as the identity", len(grown))
+        for key in conditioned:
+            model.encoder.conditioners[key].start_as(model.encoder.norm, model.ctc_head)
         if conditioned:
             log.info(
-                "self-conditioning after blocks %s, starting as no change",
-                cfg.self_condition_layers,
+                "self-conditioning after blocks %s, starting as no change, its heads the CTC head",
+                ", ".join(sorted(conditioned, key=int)),
             )
         if missing:
             log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)

@@ -494,6 +494,9 @@ def test_self_conditioning_grafts_as_no_change_then_learns_and_resumes(tmp_path,
     grow = {"init": folder, "add_encoder_layers": 1, "self_condition_layers": (1,)}
     start = train(corpus, tmp_path / "b", ModelConfig(), replace(tcfg, lr=0.0), **grow)
     assert start.cfg == replace(TINY, encoder_layers=2, self_condition_layers=(1,))
+    conditioner = start.encoder.conditioners["1"]
+    assert_same_weights(conditioner.head, plain.ctc_head)  # the final head reads block 1 first
+    assert_same_weights(conditioner.norm, plain.encoder.norm)
     feats, lengths = torch.randn(1, 200, 80), torch.tensor([200])
     with torch.no_grad():
         for chunk in (-1, 4):
