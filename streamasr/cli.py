@@ -160,6 +160,7 @@ TRAIN_OPTIONS = (
     "inter_ctc_weight",
     "teacher",
     "train_chunk_ms",
+    "train_wait_k",
     "val_utterances",
     "threads",
     "device",
@@ -182,6 +183,8 @@ OPTION_HELP = {
     " it has one) --distill-weight distils on every batch, in place of the model's own: an"
     " ensemble's knowledge in one encoder (default: none; costs the teacher's full-context"
     " pass per batch)",
+    "train_wait_k": "wait-k values drawn per batch, e.g. inf or 1,3,inf: a value named twice "
+    "is drawn twice as often (default: the model's, 1,2,3,4,5,7,9,inf, uniformly)",
     "train_chunk_ms": "chunk sizes in ms drawn for the other batches, e.g. 160,160,320,640: a "
     "size named twice is drawn twice as often (default: the model's sizes, uniformly)",
     "val_utterances": "val utterances (text pairs with --cascade) validated on (default 60)",

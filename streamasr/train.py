@@ -42,7 +42,7 @@ from .features import FeatureConfig, FeatureStats, LogMel, RunningStats
 from .lm import LEXICON_FILE, LM_FILE
 from .manifest import Utterance, read_manifest
 from .model import SpeechTranslator, lengths_to_mask, wait_k_visible_frames
-from .policy import WaitK
+from .policy import WaitK, parse_wait_k
 from .text import Tokenizer, normalize_transcript, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,9 @@ class TrainConfig:
     # chunk sizes (ms) drawn for the other batches, e.g. "160,160,320,640" (a size named twice is
     # drawn twice as often); empty: the model's chunk_frames_choices, uniformly
     train_chunk_ms: str = ""
+    # wait-k values drawn per batch, e.g. "inf" or "1,3,inf" (a value named twice is drawn twice
+    # as often); empty: the model's wait_k_choices
+    train_wait_k: str = ""
     augment_from: int = 1000  # first step with augmentation: the encoder first fits clean speech
     # "LO,HI" ranges of the speed and vocal-tract-length augmentation; empty: AugmentConfig's
     speed_range: str = ""
@@ -334,6 +337,16 @@ def train_chunk_frames(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[int, ...]:
         raise TrainError(f"--train-chunk-ms {tcfg.train_chunk_ms!r}: {err}") from None
 
 
+def train_wait_ks(cfg: ModelConfig, tcfg: TrainConfig) -> tuple[int | None, ...]:
+    """The wait-k values drawn per batch (None: k = inf): `train_wait_k`, or the model's."""
+    if not tcfg.train_wait_k:
+        return tuple(k or None for k in cfg.wait_k_choices)
+    try:
+        return tuple(parse_wait_k(k) for k in tcfg.train_wait_k.split(","))
+    except ValueError as err:
+        raise TrainError(f"--train-wait-k {tcfg.train_wait_k!r}: {err}") from None
+
+
 def augment_config(tcfg: TrainConfig) -> AugmentConfig:
     """The augmentation of a run: AugmentConfig with the ranges, colouring, silence and
     reverberation `tcfg` names."""
@@ -585,7 +598,7 @@ def train(
                 f"{work} holds a checkpoint of another model shape ({saved}); pass the same options"
             )
     cfg = replace(cfg, unit_shift_frames=shift)
-    chunk_choices = train_chunk_frames(cfg, tcfg)
+    chunk_choices, wait_ks = train_chunk_frames(cfg, tcfg), train_wait_ks(cfg, tcfg)
     aug = augment_config(tcfg)
     train_cache, val_cache, stats, en, de = prepare(corpus, work, cfg, tcfg.val_utterances, extra)
     model = SpeechTranslator(cfg)
@@ -634,11 +647,11 @@ def train(
     def loss_of(indices: list[int], step: int, rng: random.Random, gen: torch.Generator):
         nonlocal audio_s
         chunk = -1 if rng.random() < tcfg.full_context_prob else rng.choice(chunk_choices)
-        k = rng.choice(cfg.wait_k_choices)
+        k = rng.choice(wait_ks)
         augment = aug if step >= tcfg.augment_from else None
         batch = collate(train_cache, indices, stats, augment, gen, de.bos_id, de.eos_id)
         batch = to_device(batch, device)
-        ctc, mt, distill, inter = loss_on_batch(model, batch, chunk, k or None, tcfg, teacher)
+        ctc, mt, distill, inter = loss_on_batch(model, batch, chunk, k, tcfg, teacher)
         audio_s += int(batch[1].sum()) / 100
         speed = round(audio_s / (time.perf_counter() - t0), 1)
         # audio trained on since this process began (a resumed run counts afresh), and per second

@@ -45,6 +45,7 @@ from .train import (
     check_precision,
     run_steps,
     train_device,
+    train_wait_ks,
 )
 from .voices import names_reserved_voice
 
@@ -399,13 +400,15 @@ def train_cascade(
         tcfg.source_noise,
     )
 
+    wait_ks = train_wait_ks(cfg, tcfg)
+
     def corrupted(item: dict, rng: random.Random) -> dict:
         words = noise(item["words"], rng.uniform(0, tcfg.source_noise), rng)
         src, ends = en.encode_words(words)
         return {**item, "src": src, "ends": ends}
 
     def loss_of(indices: list[int], step: int, rng: random.Random, gen: torch.Generator):
-        k = rng.choice(cfg.wait_k_choices) or None
+        k = rng.choice(wait_ks)
         batch = [items[i] for i in indices]
         if noise is not None:
             batch = [corrupted(item, rng) for item in batch]

@@ -482,6 +482,16 @@ def test_cascade_training_resumes_exactly_and_leaves_the_speech_model_alone(
     assert_same_weights(shipped.model, whole)
 
 
+def test_train_wait_k_is_drawn_from_the_list_given(tiny_config):
+    from streamasr.train import train_wait_ks
+
+    assert train_wait_ks(tiny_config, TrainConfig()) == (1, 2, 3, 4, 5, 7, 9, None)
+    assert train_wait_ks(tiny_config, TrainConfig(train_wait_k="inf")) == (None,)
+    assert train_wait_ks(tiny_config, TrainConfig(train_wait_k="3,3,inf")) == (3, 3, None)
+    with pytest.raises(TrainError, match="--train-wait-k '0,inf': wait-k must be a positive"):
+        train_wait_ks(tiny_config, TrainConfig(train_wait_k="0,inf"))
+
+
 def test_self_conditioning_grafts_as_no_change_then_learns_and_resumes(tmp_path, tone):
     """--self-condition-layers on an init: the model starts as the init's (a grown block and a
     zero projection), then the intermediate head's CTC loss is logged and the projection learns;
