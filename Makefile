@@ -36,7 +36,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # GnuSpeech voices for `streamasr data build` (articulatory synthesis, on node): the npm package,
-# pinned, inside the environment. Not part of setup: no shipped recipe reads them yet.
+# pinned, inside the environment. Not part of setup (it needs node and npm); the shipped speech
+# weights read `data/corpus-gnuspeech` since session 56 (`bash data/build.sh gnuspeech`).
 gnuspeech: setup
 	npm install --silent --prefix $(VENV)/npm @echogarden/gnuspeech-wasm@0.3.0
 
