@@ -606,11 +606,13 @@ def train(
         source = load_bundle(init).model
         missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
         grown = range(init_cfg.encoder_layers, cfg.encoder_layers)
-        new = (*(f"encoder.layers.{i}." for i in grown), "encoder.conditioners.")
-        prefix = "encoder.conditioners."
-        conditioned = {
-            name[len(prefix) :].split(".")[0] for name in missing if name.startswith(prefix)
-        }
+        added = [
+            str(i) for i in cfg.self_condition_layers if i not in init_cfg.self_condition_layers
+        ]
+        new = (
+            *(f"encoder.layers.{i}." for i in grown),
+            *(f"encoder.conditioners.{key}." for key in added),
+        )
         missing = [name for name in missing if not name.startswith(new)]
         if any(not name.startswith("encoder.lookahead.") for name in missing + unexpected):
             raise TrainError(f"{init}: its weights do not fit this model ({missing + unexpected})")
@@ -618,12 +620,12 @@ def train(
             model.encoder.layers[i].start_as_identity()
         if grown:
             log.info("%d encoder blocks added on top, starting as the identity", len(grown))
-        for key in conditioned:
+        for key in added:
             model.encoder.conditioners[key].start_as(model.encoder.norm, model.ctc_head)
-        if conditioned:
+        if added:
             log.info(
                 "self-conditioning after blocks %s, starting as no change, its heads the CTC head",
-                ", ".join(sorted(conditioned, key=int)),
+                ", ".join(added),
             )
         if missing:
             log.info("lookahead of %d frames added, starting at zero", cfg.lookahead_frames)
