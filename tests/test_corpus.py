@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import shlex
@@ -59,6 +60,9 @@ def test_build_writes_contract_manifests_and_resumes(multi30k, tmp_path, capsys)
     val = [json.loads(line) for line in (out / "val.jsonl").read_text().splitlines()]
     assert {r["voice"] for r in val} <= {"flite:awb", "festival:cmu_us_slt_arctic_hts"}
     assert "utterances: 8" in capsys.readouterr().out
+    versions = json.loads((out / "train.versions.json").read_text())
+    assert versions["numpy"] == importlib.metadata.version("numpy") and "python" in versions
+    assert versions["espeak-ng"].startswith("eSpeak NG") and "flite-" in versions["flite"]
 
     # Resume: a lost file is remade, the others are kept as they are, the manifest is identical.
     kept = out / rows[1]["audio"]
