@@ -1567,10 +1567,20 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         "eval folders read, with a 95 % interval from resampling utterances (paired bootstrap), "
         "and the same for each voice where the utterances have several; then, at each wait-k "
         "both folders ran, B's BLEU against A's (sacrebleu's paired bootstrap) and B's AL and LAAL against A's on the utterances both translated (paired "
-        "bootstrap).",
+        "bootstrap). With --pool, the same over several pairs of folders at once.",
     )
     cmp.add_argument("a", type=Path, help="an eval folder (`streamasr eval --out`): the baseline")
     cmp.add_argument("b", type=Path, help="an eval folder of the same manifest: the candidate")
+    cmp.add_argument(
+        "--pool",
+        nargs=2,
+        action="append",
+        type=Path,
+        metavar=("A2", "B2"),
+        default=[],
+        help="one more pair of eval folders (of another manifest), pooled with A and B: every "
+        "figure is over the utterances of all pairs, resampled together (repeatable)",
+    )
     cmp.add_argument("--samples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     cmp.add_argument("--seed", type=int, default=0, help="resampling seed (default 0)")
     cmp.set_defaults(func=cmd_compare)
@@ -1594,20 +1604,34 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: must be at least 1")
-    for folder in (args.a, args.b):
-        _require_eval_folder(folder)
-    rows_a, rows_b = read_instances(args.a), read_instances(args.b)
+    pairs = [(args.a, args.b), *args.pool]
+    rows_a, rows_b = [], []
+    for n, (folder_a, folder_b) in enumerate(pairs):
+        for folder in (folder_a, folder_b):
+            _require_eval_folder(folder)
+        pair_a, pair_b = read_instances(folder_a), read_instances(folder_b)
+        a, b = transcripts_by_id(pair_a), transcripts_by_id(pair_b)
+        if not a or a.keys() != b.keys():
+            raise UsageError(
+                f"{folder_a} and {folder_b} did not read the same utterances with reference "
+                f"transcripts ({len(a)} and {len(b)}, {len(a.keys() & b.keys())} in common)"
+            )
+        if any(a[i][0] != b[i][0] for i in a):
+            raise UsageError(
+                f"{folder_a} and {folder_b}: the same ids with other reference transcripts"
+            )
+        if len(pairs) > 1:  # ids are a manifest's own: pooled, each pair's are told apart
+            pair_a, pair_b = (
+                [{**r, "id": f"{n}/{r['id']}"} for r in rows] for rows in (pair_a, pair_b)
+            )
+        rows_a += pair_a
+        rows_b += pair_b
     a, b = transcripts_by_id(rows_a), transcripts_by_id(rows_b)
-    if not a or a.keys() != b.keys():
-        raise UsageError(
-            f"{args.a} and {args.b} did not read the same utterances with reference transcripts "
-            f"({len(a)} and {len(b)}, {len(a.keys() & b.keys())} in common)"
-        )
     ids = sorted(a)
-    if any(a[i][0] != b[i][0] for i in ids):
-        raise UsageError(f"{args.a} and {args.b}: the same ids with other reference transcripts")
+    pooled = f" of {len(pairs)} pairs of folders, pooled" if len(pairs) > 1 else ""
     print(
-        f"{len(ids)} utterances; B - A in WER points, 95 % interval over {args.samples} resamples"
+        f"{len(ids)} utterances{pooled}; B - A in WER points, 95 % interval over {args.samples} "
+        "resamples"
     )
     voice_of = {row["id"]: row.get("voice") for row in one_row_per_utterance(rows_a)}
     voices = sorted({voice_of[i] for i in ids if voice_of[i]})

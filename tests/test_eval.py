@@ -413,6 +413,27 @@ def test_compare_gives_each_voice_its_own_difference(tmp_path, capsys):
     assert "full context flite:awb: A 0.00 %  B 0.00 %" in awb[1]
 
 
+def test_compare_pools_pairs_of_folders_of_other_manifests(tmp_path, capsys):
+    refs = [f"a man rides a horse number {i}" for i in range(20)]  # 7 words each
+    worse = [r.replace("horse", "house") for r in refs]
+    _eval_folder(tmp_path / "a", refs, refs)
+    _eval_folder(tmp_path / "b", worse, refs)  # 20 of 140 words wrong
+    other = [f"two dogs run {i}" for i in range(40)]  # 4 words each, the same ids u0..u19 and on
+    _eval_folder(tmp_path / "a2", other, other)
+    _eval_folder(tmp_path / "b2", other, other)  # none wrong
+    pool = ["--pool", str(tmp_path / "a2"), str(tmp_path / "b2")]
+    assert (
+        main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), *pool, "--samples", "200"]) == 0
+    )
+    head, streamed = capsys.readouterr().out.splitlines()[:2]
+    assert head.startswith("60 utterances of 2 pairs of folders, pooled")
+    assert "A 0.00 %  B 6.67 %  B - A +6.67" in streamed  # 20 of 140 + 160 words
+    _eval_folder(tmp_path / "b3", other[:39], other[:39])
+    bad = ["--pool", str(tmp_path / "a2"), str(tmp_path / "b3")]
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), *bad]) == 2
+    assert "b3 did not read the same utterances" in capsys.readouterr().err
+
+
 def test_compare_refuses_folders_of_other_utterances(tmp_path, capsys):
     _eval_folder(tmp_path / "a", ["a dog"] * 3, ["a dog"] * 3)
     _eval_folder(tmp_path / "b", ["a dog"] * 2, ["a dog"] * 2)
