@@ -1605,28 +1605,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: must be at least 1")
     pairs = [(args.a, args.b), *args.pool]
-    rows_a, rows_b = [], []
+    rows_a, rows_b, a, b = [], [], {}, {}
     for n, (folder_a, folder_b) in enumerate(pairs):
         for folder in (folder_a, folder_b):
             _require_eval_folder(folder)
         pair_a, pair_b = read_instances(folder_a), read_instances(folder_b)
-        a, b = transcripts_by_id(pair_a), transcripts_by_id(pair_b)
-        if not a or a.keys() != b.keys():
-            raise UsageError(
-                f"{folder_a} and {folder_b} did not read the same utterances with reference "
-                f"transcripts ({len(a)} and {len(b)}, {len(a.keys() & b.keys())} in common)"
-            )
-        if any(a[i][0] != b[i][0] for i in a):
-            raise UsageError(
-                f"{folder_a} and {folder_b}: the same ids with other reference transcripts"
-            )
         if len(pairs) > 1:  # ids are a manifest's own: pooled, each pair's are told apart
             pair_a, pair_b = (
                 [{**r, "id": f"{n}/{r['id']}"} for r in rows] for rows in (pair_a, pair_b)
             )
+        pair_texts_a, pair_texts_b = transcripts_by_id(pair_a), transcripts_by_id(pair_b)
+        common = pair_texts_a.keys() & pair_texts_b.keys()
+        if not pair_texts_a or pair_texts_a.keys() != pair_texts_b.keys():
+            raise UsageError(
+                f"{folder_a} and {folder_b} did not read the same utterances with reference "
+                f"transcripts ({len(pair_texts_a)} and {len(pair_texts_b)}, {len(common)} in common)"
+            )
+        if any(pair_texts_a[i][0] != pair_texts_b[i][0] for i in common):
+            raise UsageError(
+                f"{folder_a} and {folder_b}: the same ids with other reference transcripts"
+            )
         rows_a += pair_a
         rows_b += pair_b
-    a, b = transcripts_by_id(rows_a), transcripts_by_id(rows_b)
+        a |= pair_texts_a
+        b |= pair_texts_b
     ids = sorted(a)
     pooled = f" of {len(pairs)} pairs of folders, pooled" if len(pairs) > 1 else ""
     print(

@@ -407,6 +407,7 @@ SYNTHESIS_PACKAGES = (
 SYNTHESIS_PROGRAMS = ("espeak-ng", "flite", "festival", "sox", "node")
 
 
+@functools.cache
 def software_versions() -> dict[str, str]:
     """The versions of the synthesis stack on this machine: those installed of SYNTHESIS_PACKAGES
     and the version line of `--version` of those of SYNTHESIS_PROGRAMS on the PATH: where two
